@@ -1,0 +1,65 @@
+"""``omni-ray topology``: the NUMA nodes found and the slots that would be made from them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        help="read a captured tree (DIR/devices/system/{node,cpu}) instead of this machine",
+    )
+    parser.add_argument(
+        "--slot-cores",
+        type=int,
+        metavar="N",
+        help="physical cores per slot (default: one slot per whole node)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from omni_ray.topology import detect, make_slots, unused_cores
+
+    topology = detect(args.sysfs_root)
+    slots = make_slots(topology, args.slot_cores)
+    unused = unused_cores(topology, slots)
+    if args.json:
+        report = topology.to_dict()
+        report["slots"] = [slot.to_dict() for slot in slots]
+        report["unused"] = [
+            {"node": node, "cores": len(cores), "cpus": sorted(c for core in cores for c in core)}
+            for node, cores in unused.items()
+        ]
+        print(json.dumps(report, indent=2))
+    else:
+        print(_text(topology, slots, unused))
+    return 0
+
+
+def _text(topology, slots, unused) -> str:
+    from omni_ray.topology import format_cpulist
+
+    lines = [
+        f"source: {topology.source}",
+        f"cpu:    {topology.cpu_model or '(unknown)'}",
+        f"flags:  {' '.join(sorted(topology.flags)) or '(none known)'}",
+    ]
+    for node in topology.nodes:
+        lines.append(
+            f"node {node.id}: {node.num_cores} cores, {len(node.cpus)} CPUs "
+            f"({format_cpulist(node.cpus)}), {node.mem_total_mb} MiB"
+        )
+    lines.append(f"slots: {len(slots)}")
+    for slot in slots:
+        lines.append(
+            f"  {slot.name}: node {slot.node}, {slot.num_cores} cores, "
+            f"CPUs {format_cpulist(slot.cpus)}"
+        )
+    for node, cores in unused.items():
+        cpus = [cpu for core in cores for cpu in core]
+        lines.append(f"unused: node {node}: {len(cores)} cores (CPUs {format_cpulist(cpus)})")
+    return "\n".join(lines)
