@@ -35,7 +35,7 @@ class NumaNode:
 
 @dataclass(frozen=True)
 class Topology:
-    """The NUMA nodes found, where they were read from (``"sysfs"`` or ``"psutil"``), and the CPU."""
+    """The NUMA nodes, where they were read from (``"sysfs"`` or ``"psutil"``), and the CPU."""
 
     nodes: tuple[NumaNode, ...]
     source: str

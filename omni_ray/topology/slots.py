@@ -57,7 +57,9 @@ def make_slots(
     return slots
 
 
-def unused_cores(topology: Topology, slots: Sequence[Slot]) -> dict[int, tuple[tuple[int, ...], ...]]:
+def unused_cores(
+    topology: Topology, slots: Sequence[Slot]
+) -> dict[int, tuple[tuple[int, ...], ...]]:
     """For each node that has slots, the cores no slot uses (too few to fill another slot)."""
     used = {cpu for slot in slots for cpu in slot.cpus}
     unused = {}

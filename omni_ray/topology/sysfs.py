@@ -46,7 +46,7 @@ def format_cpulist(cpus: tuple[int, ...] | list[int]) -> str:
 
 
 def parse_node_meminfo(text: str) -> dict[str, int]:
-    """``node*/meminfo`` -> ``{"MemTotal": 24000000, ...}`` with values in kB (page counts as is)."""
+    """``node*/meminfo`` -> ``{"MemTotal": 24000000, ...}``: values in kB (page counts as is)."""
     fields: dict[str, int] = {}
     for line in text.splitlines():
         match = _MEMINFO_LINE.match(line.strip())
