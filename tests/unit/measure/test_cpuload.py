@@ -1,0 +1,88 @@
+import pytest
+
+from omni_ray.errors import UserError
+from omni_ray.measure.cpuload import (busy_between, check_idle, cpu_busy, judge,
+                                      parse_proc_stat)
+
+STAT_HEAD = "cpu  100 0 100 1000 0 0 0 0 0 0\n"
+
+
+def stat_text(rows):
+    """rows: cpu -> (user, system, idle, iowait) in jiffies."""
+    body = "".join(f"cpu{c} {u} 0 {s} {i} {w} 0 0 0 0 0\n" for c, (u, s, i, w) in rows.items())
+    return STAT_HEAD + body + "intr 12345\nctxt 999\n"
+
+
+def test_parse_proc_stat():
+    text = stat_text({0: (10, 5, 80, 5), 1: (0, 0, 100, 0)})
+    assert parse_proc_stat(text) == {0: (15, 100), 1: (0, 100)}
+
+
+def test_guest_time_is_not_counted_twice():
+    # user 50 already includes guest 40; total is user..steal only.
+    text = "cpu0 50 0 0 50 0 0 0 0 40 0\n"
+    assert parse_proc_stat(text) == {0: (50, 100)}
+
+
+def test_busy_between_and_iowait_counts_as_idle():
+    before = parse_proc_stat(stat_text({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}))
+    after = parse_proc_stat(stat_text({0: (30, 10, 50, 10), 1: (0, 0, 100, 0)}))
+    assert busy_between(before, after, [0, 1]) == {0: 0.4, 1: 0.0}
+
+
+def test_no_elapsed_jiffies_means_idle():
+    same = parse_proc_stat(stat_text({0: (1, 1, 1, 1)}))
+    assert busy_between(same, same, [0]) == {0: 0.0}
+
+
+def test_missing_cpu_is_a_user_error():
+    s = parse_proc_stat(stat_text({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}))
+    with pytest.raises(UserError, match="CPUs 5,7 are not in /proc/stat.*present: 0-1"):
+        busy_between(s, s, [0, 5, 7])
+
+
+def fake_reader(texts):
+    it = iter(texts)
+    return lambda: next(it)
+
+
+def test_check_idle_passes_quiet_cores():
+    r = fake_reader([stat_text({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}),
+                     stat_text({0: (2, 0, 98, 0), 1: (1, 0, 99, 0)})])
+    check = check_idle([0, 1], 0.5, reader=r, sleep=lambda s: None)
+    assert check.ok and bool(check)
+    assert check.per_cpu == {0: 0.02, 1: 0.01}
+    assert "idle" in check.message
+    assert check.to_dict()["per_cpu"] == {"0": 0.02, "1": 0.01}
+
+
+def test_check_idle_refuses_a_busy_average():
+    r = fake_reader([stat_text({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}),
+                     stat_text({0: (10, 0, 90, 0), 1: (10, 0, 90, 0)})])
+    check = check_idle([0, 1], 0.5, reader=r, sleep=lambda s: None)
+    assert not check.ok
+    assert check.message == ("CPUs 0-1 are in use by something else: average 10.0% > 5% "
+                             "(over 0.5 s)")
+
+
+def test_one_hot_core_refuses_even_when_the_average_is_low():
+    per_cpu = {c: 0.0 for c in range(20)}
+    per_cpu[7] = 0.6  # average 3 %, one core 60 %
+    check = judge(per_cpu, window_s=1)
+    assert not check.ok
+    assert "cpu7 at 60.0% > 50%" in check.message and "average" not in check.message
+
+
+def test_thresholds_are_parameters():
+    assert judge({0: 0.3}, max_avg=0.5, max_one=0.9).ok
+    assert not judge({0: 0.3}, max_avg=0.2, max_one=0.9).ok
+
+
+def test_cpu_busy_on_the_real_proc_stat():
+    busy = cpu_busy([0], window_s=0.05)
+    assert set(busy) == {0} and 0.0 <= busy[0] <= 1.0
+
+
+def test_empty_cpu_set():
+    with pytest.raises(ValueError, match="empty CPU set"):
+        cpu_busy([])
