@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from omni_ray.errors import UserError
-from omni_ray.measure.pinning import format_cpulist
+from omni_ray.topology.sysfs import format_cpulist
 
 _PROC_STAT = "/proc/stat"
 
@@ -46,7 +46,7 @@ def busy_between(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
     missing = [c for c in cpus if c not in before or c not in after]
     if missing:
         raise UserError(f"CPUs {format_cpulist(missing)} are not in /proc/stat "
-                        f"(offline or do not exist; present: {format_cpulist(after)})")
+                        f"(offline or do not exist; present: {format_cpulist(sorted(after))})")
     out: dict[int, float] = {}
     for c in cpus:
         d_busy = after[c][0] - before[c][0]
@@ -96,7 +96,7 @@ def judge(per_cpu: dict[int, float], *, max_avg: float = 0.05, max_one: float = 
         raise ValueError("judge: no CPUs")
     avg = sum(per_cpu.values()) / len(per_cpu)
     busiest = max(per_cpu, key=per_cpu.__getitem__)
-    cpus = format_cpulist(per_cpu)
+    cpus = format_cpulist(sorted(per_cpu))
     problems = []
     if avg > max_avg:
         problems.append(f"average {avg:.1%} > {max_avg:.0%}")

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from omni_ray.measure.sampler import tree_pids
+from omni_ray.topology.sysfs import format_cpulist, parse_cpulist
 
 _PROC = "/proc"
 
@@ -36,31 +37,6 @@ _MEMPOLICY_SYSCALLS = {
     "ppc64le": (261, 260),
     "s390x": (270, 269),
 }
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11] (kernel list format; empty -> [])."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """[0, 1, 2, 3, 8] -> ``"0-3,8"``."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 # -- CPU pinning ---------------------------------------------------------------------------
@@ -82,7 +58,7 @@ def pin_all_threads(cpus: Iterable[int]) -> list[int]:
             continue
         except OSError as e:
             raise OSError(e.errno, f"sched_setaffinity(tid {tid}, CPUs "
-                                   f"{format_cpulist(cpu_set)}): {e.strerror}") from e
+                                   f"{format_cpulist(sorted(cpu_set))}): {e.strerror}") from e
         pinned.append(tid)
     return pinned
 
@@ -111,7 +87,7 @@ def affinity_tree(root_pid: int) -> dict[int, dict[int, list[int]]]:
         for tid in tids:
             value = _status_field(f"{_PROC}/{pid}/task/{tid}/status", "Cpus_allowed_list")
             if value is not None:
-                threads[tid] = parse_cpulist(value)
+                threads[tid] = list(parse_cpulist(value))
         if threads:
             tree[pid] = threads
     return tree
@@ -120,21 +96,21 @@ def affinity_tree(root_pid: int) -> dict[int, dict[int, list[int]]]:
 def violations(tree: dict[int, dict[int, list[int]]], allowed_cpus: Iterable[int]) -> list[str]:
     """One human line per thread that may run on a CPU outside ``allowed_cpus``; [] = clean."""
     allowed = set(allowed_cpus)
-    lines = []
+    lines: list[str] = []
     for pid, threads in sorted(tree.items()):
         for tid, cpus in sorted(threads.items()):
             outside = set(cpus) - allowed
             if outside:
                 lines.append(f"pid {pid} tid {tid}: allowed on CPUs {format_cpulist(cpus)}, "
-                             f"outside {format_cpulist(allowed) or '(none)'}: "
-                             f"{format_cpulist(outside)}")
+                             f"outside {format_cpulist(sorted(allowed)) or '(none)'}: "
+                             f"{format_cpulist(sorted(outside))}")
     return lines
 
 
 def mems_allowed(pid: int | str = "self") -> list[int]:
     """NUMA nodes the process may allocate on (``Mems_allowed_list``); [] if it is gone."""
     value = _status_field(f"{_PROC}/{pid}/status", "Mems_allowed_list")
-    return parse_cpulist(value) if value is not None else []
+    return list(parse_cpulist(value)) if value is not None else []
 
 
 # -- memory binding ------------------------------------------------------------------------
