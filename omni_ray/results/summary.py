@@ -1,0 +1,232 @@
+"""Summary statistics over passes, and the flags that stop a noisy number passing as a result.
+
+Each arm (one configuration) runs several interleaved passes; per metric the summary gives the
+median, min, max and spread % = (max - min) / |median| * 100, and flags:
+
+  NOISY        spread above the noise threshold (default 8 %)
+  CONTENDED    a pass ran while the pre-flight found the cores busy
+  SINGLE PASS  n == 1: a single pass is not a result
+  FAILED k/n   k of the arm's n records failed or timed out (they give no values)
+
+and, for two arms whose medians differ by less than either arm's own spread (max - min),
+a NOT A RANKING note: the order between them is noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import statistics
+from collections.abc import Iterable
+from typing import NamedTuple
+
+DEFAULT_NOISE_PCT = 8.0
+
+
+class Stat(NamedTuple):
+    median: float
+    min: float
+    max: float
+    spread_pct: float | None  # None when the median is 0 and the values differ
+    n: int
+
+    @property
+    def range(self) -> float:
+        return self.max - self.min
+
+    def to_dict(self) -> dict:
+        return self._asdict()
+
+
+def summarize(values: Iterable[float]) -> Stat:
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("summarize: no values")
+    med = statistics.median(vals)
+    lo, hi = min(vals), max(vals)
+    if hi == lo:
+        spread = 0.0
+    elif med == 0:
+        spread = None
+    else:
+        spread = (hi - lo) / abs(med) * 100.0
+    return Stat(med, lo, hi, spread, len(vals))
+
+
+def flags(stat: Stat, *, noise_pct: float = DEFAULT_NOISE_PCT,
+          contended: bool = False) -> list[str]:
+    out = []
+    if stat.n == 1:
+        out.append("SINGLE PASS")
+    elif stat.spread_pct is None or stat.spread_pct > noise_pct:
+        out.append("NOISY")
+    if contended:
+        out.append("CONTENDED")
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 1e5:
+        return f"{v:.0f}"
+    return f"{v:.5g}"
+
+
+def ranking_note(a: Stat, b: Stat, *, names: tuple[str, str] = ("a", "b"),
+                 metric: str | None = None) -> str | None:
+    """A "NOT A RANKING" note when |median_a - median_b| is smaller than either arm's spread
+    (max - min), or the medians are equal; None when the difference stands out of both."""
+    diff = abs(a.median - b.median)
+    widest = max(a.range, b.range)
+    if diff >= widest and diff != 0:
+        return None
+    what = f"{metric}: " if metric else ""
+    if diff == 0:
+        return (f"NOT A RANKING: {what}{names[0]} and {names[1]} have the same median "
+                f"{_fmt(a.median)}")
+    wide = names[0] if a.range >= b.range else names[1]
+    return (f"NOT A RANKING: {what}{names[0]} {_fmt(a.median)} vs {names[1]} {_fmt(b.median)} "
+            f"differ by {_fmt(diff)}, less than the spread of {wide} ({_fmt(widest)})")
+
+
+def _is_contended(record: dict) -> bool:
+    if record.get("contended"):
+        return True
+    preflight = record.get("preflight")
+    return isinstance(preflight, dict) and preflight.get("ok") is False
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def summarize_arms(records: list[dict], metrics: list[str], *,
+                   noise_pct: float = DEFAULT_NOISE_PCT) -> dict:
+    """Group ``records`` by ``record["arm"]["id"]`` and summarise each metric over the passes.
+
+    Failed/timed-out records give no values but are counted (``n_failed``, FAILED flag);
+    retracted records are left out and counted (``n_retracted``). A record is contended when
+    ``record["contended"]`` is true or ``record["preflight"]["ok"]`` is false."""
+    arms: dict[str, dict] = {}
+    values: dict[str, dict[str, list[float]]] = {}
+    for i, rec in enumerate(records):
+        arm = rec.get("arm")
+        arm_id = arm.get("id") if isinstance(arm, dict) else None
+        if arm_id is None:
+            raise ValueError(f"record {i} has no arm id (record['arm']['id'])")
+        arm_id = str(arm_id)
+        entry = arms.setdefault(arm_id, {"n_records": 0, "n_failed": 0, "n_retracted": 0,
+                                         "contended": False, "errors": []})
+        values.setdefault(arm_id, {m: [] for m in metrics})
+        entry["n_records"] += 1
+        if rec.get("retracted"):
+            entry["n_retracted"] += 1
+            continue
+        if rec.get("status", "ok") != "ok":
+            entry["n_failed"] += 1
+            if rec.get("error"):
+                entry["errors"].append(str(rec["error"]).splitlines()[0][:200])
+            continue
+        entry["contended"] = entry["contended"] or _is_contended(rec)
+        measured = rec.get("measurements") or {}
+        for m in metrics:
+            v = _number(measured.get(m))
+            if v is not None:
+                values[arm_id][m].append(v)
+
+    notes: list[dict] = []
+    for arm_id, entry in arms.items():
+        arm_flags = []
+        if entry["n_failed"]:
+            counted = entry["n_records"] - entry["n_retracted"]
+            arm_flags.append(f"FAILED {entry['n_failed']}/{counted}")
+        if entry["contended"]:
+            arm_flags.append("CONTENDED")
+        entry["flags"] = arm_flags
+        entry["metrics"] = {}
+        for m in metrics:
+            vals = values[arm_id][m]
+            if not vals:
+                entry["metrics"][m] = None
+                continue
+            stat = summarize(vals)
+            entry["metrics"][m] = {**stat.to_dict(),
+                                   "flags": flags(stat, noise_pct=noise_pct,
+                                                  contended=entry["contended"])}
+    for m in metrics:
+        with_stats = [(a, e["metrics"][m]) for a, e in arms.items() if e["metrics"][m]]
+        for (name_a, sa), (name_b, sb) in itertools.combinations(with_stats, 2):
+            note = ranking_note(_stat(sa), _stat(sb), names=(name_a, name_b), metric=m)
+            if note:
+                notes.append({"metric": m, "arms": [name_a, name_b], "note": note})
+    return {"metrics": list(metrics), "noise_pct": noise_pct, "arms": arms, "notes": notes}
+
+
+def _stat(d: dict) -> Stat:
+    return Stat(*(d[f] for f in Stat._fields))
+
+
+_CSV_FIELDS = ("arm", "metric", "n", "n_failed", "median", "min", "max", "spread_pct", "flags")
+
+
+def to_csv(summary: dict) -> str:
+    """One row per arm x metric (empty numbers where an arm has no values for a metric)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(_CSV_FIELDS)
+    for arm_id, entry in summary["arms"].items():
+        for m in summary["metrics"]:
+            s = entry["metrics"].get(m)
+            row_flags = entry["flags"] + ([f for f in s["flags"] if f != "CONTENDED"] if s else [])
+            if s is None:
+                w.writerow([arm_id, m, 0, entry["n_failed"], "", "", "", "", ";".join(row_flags)])
+                continue
+            spread = "" if s["spread_pct"] is None else round(s["spread_pct"], 3)
+            w.writerow([arm_id, m, s["n"], entry["n_failed"], s["median"], s["min"], s["max"],
+                        spread, ";".join(row_flags)])
+    return buf.getvalue()
+
+
+def _cell(s: dict | None) -> str:
+    if s is None:
+        return "-"
+    spread = "?" if s["spread_pct"] is None else f"{s['spread_pct']:.1f}%"
+    return f"{_fmt(s['median'])} ({spread})"
+
+
+def to_markdown(summary: dict) -> str:
+    """Arm x metric table of "median (spread%)", a flags column, then the notes."""
+    metrics = summary["metrics"]
+    lines = ["| arm | " + " | ".join(metrics) + " | n | flags |",
+             "|---|" + "---:|" * len(metrics) + "---:|---|"]
+    for arm_id, entry in summary["arms"].items():
+        arm_flags = list(entry["flags"])
+        single = noisy = False
+        for m in metrics:
+            s = entry["metrics"].get(m)
+            if s and "SINGLE PASS" in s["flags"]:
+                single = True
+            if s and "NOISY" in s["flags"]:
+                noisy = True
+        if single:
+            arm_flags.append("SINGLE PASS")
+        if noisy:
+            noisy_metrics = [m for m in metrics
+                             if entry["metrics"].get(m) and "NOISY" in entry["metrics"][m]["flags"]]
+            arm_flags.append("NOISY (" + ", ".join(noisy_metrics) + ")")
+        ns = sorted({s["n"] for s in entry["metrics"].values() if s})
+        n_text = "/".join(map(str, ns)) if ns else "0"
+        cells = [_cell(entry["metrics"].get(m)) for m in metrics]
+        lines.append(f"| {arm_id} | " + " | ".join(cells) + f" | {n_text} | "
+                     + ", ".join(arm_flags) + " |")
+    out = "\n".join(lines) + "\n"
+    legend = (f"\nCells: median (spread = (max - min) / median); NOISY: spread > "
+              f"{summary['noise_pct']:g}%; SINGLE PASS: one pass is not a result.\n")
+    out += legend
+    if summary["notes"]:
+        out += "\n" + "\n".join(f"- {n['note']}" for n in summary["notes"]) + "\n"
+    return out
