@@ -58,7 +58,7 @@ def busy_between(before: dict[int, tuple[int, int]], after: dict[int, tuple[int,
 def cpu_busy(cpus: Iterable[int], window_s: float = 0.5, *,
              reader: Callable[[], str] = read_proc_stat,
              sleep: Callable[[float], None] = time.sleep) -> dict[int, float]:
-    """Busy fraction per CPU over ``window_s`` seconds (``reader``/``sleep`` replaceable in tests)."""
+    """Busy fraction per CPU over ``window_s`` seconds (``reader``, ``sleep``: for tests)."""
     cpus = list(cpus)
     if not cpus:
         raise ValueError("cpu_busy: empty CPU set")
