@@ -1,0 +1,307 @@
+"""Field checkers: each takes a raw value and where it sits, returns it normalised or raises.
+
+A checker is ``check(value, where) -> value``. ``where`` knows the file, the field path and the
+directory relative paths resolve against, so every error reads
+``configs/x.yaml: matrix.kv_cache_mib[2]: must be > 0, got -1``. The same checkers validate a
+scalar field, each value of a matrix axis, and a dataclass built directly from Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from omni_ray.errors import ConfigError
+from omni_ray.models.shapes import SHAPES
+
+Check = Callable[[Any, "Where"], Any]
+
+
+class FrozenDict(dict):
+    """A dict that refuses changes: lets frozen configs hold mappings and stay hashable.
+
+    It is a real ``dict`` (JSON-able, equal to a plain dict with the same items); mutators raise.
+    """
+
+    def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("config mappings are read-only; use dataclasses.replace on the config")
+
+    __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(canonical_json(self))
+
+    def __reduce__(self) -> tuple:
+        # pickle would otherwise refill the dict through __setitem__ (Ray pickles arms).
+        return (type(self), (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+def canonical_json(value: object) -> str:
+    """Sorted keys, no spaces, ASCII, no NaN: the same value always gives the same text."""
+    return json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
+
+
+def freeze(value: object) -> object:
+    """Plain JSON-like data -> the same data with dicts as FrozenDict and lists as tuples."""
+    if isinstance(value, Mapping):
+        return FrozenDict((k, freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: object) -> object:
+    """The inverse of :func:`freeze`: plain, mutable, JSON-able dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """The file a value came from (as shown in messages) and the directory its paths resolve in."""
+
+    source: str
+    base_dir: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Where:
+    """A position in a config: the file, the key path, and which file supplied each key.
+
+    ``origins`` maps key-path prefixes to the fragment that supplied them (after ``include:``
+    merging); the longest matching prefix decides which file an error names and which directory
+    a relative path resolves in. Without an entry, ``source`` and ``base_dir`` apply.
+    """
+
+    source: str
+    base_dir: str
+    keys: tuple[str | int, ...] = ()
+    origins: Mapping[tuple, Origin] = dataclasses.field(default_factory=dict)
+
+    def __truediv__(self, key: str | int) -> Where:
+        return dataclasses.replace(self, keys=self.keys + (key,))
+
+    @property
+    def path(self) -> str:
+        out = ""
+        for key in self.keys:
+            out += f"[{key}]" if isinstance(key, int) else (("." if out else "") + str(key))
+        return out
+
+    def origin(self) -> Origin:
+        for n in range(len(self.keys), -1, -1):
+            found = self.origins.get(self.keys[:n])
+            if found is not None:
+                return found
+        return Origin(self.source, self.base_dir)
+
+    def error(self, problem: str, value: object = ...) -> ConfigError:
+        return ConfigError(self.origin().source, self.path, problem, value)
+
+
+def unknown_key(where: Where, key: object, allowed: Iterable[str], hint: str | None = None,
+                ) -> ConfigError:
+    """The error for a key the schema does not have: names the key and every allowed key."""
+    allowed = list(allowed)
+    if hint is None and isinstance(key, str):
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else None
+    problem = "unknown key" + (f" ({hint})" if hint else "") + f"; allowed: {', '.join(allowed)}"
+    return (where / (key if isinstance(key, str) else repr(key))).error(problem)
+
+
+def parse_mapping(data: object, where: Where, table: Mapping[str, Check],
+                  hints: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Check every key of ``data`` against ``table``; return the normalised values."""
+    if not isinstance(data, Mapping):
+        raise where.error("must be a mapping", data)
+    out = {}
+    for key, value in data.items():
+        if key not in table:
+            raise unknown_key(where, key, table, (hints or {}).get(key) if isinstance(key, str)
+                              else None)
+        out[key] = table[key](value, where / key)
+    return out
+
+
+# --- scalar checkers -----------------------------------------------------------------------
+
+def integer(*, gt: int | None = None, ge: int | None = None) -> Check:
+    def check(value: object, where: Where) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise where.error("must be an integer", value)
+        if gt is not None and not value > gt:
+            raise where.error(f"must be > {gt}", value)
+        if ge is not None and not value >= ge:
+            raise where.error(f"must be >= {ge}", value)
+        return value
+    return check
+
+
+def number(*, gt: float | None = None) -> Check:
+    def check(value: object, where: Where) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise where.error("must be a number", value)
+        if not math.isfinite(value):
+            raise where.error("must be a finite number", value)
+        if gt is not None and not value > gt:
+            raise where.error(f"must be > {gt:g}", value)
+        return float(value)
+    return check
+
+
+def boolean(value: object, where: Where) -> bool:
+    if not isinstance(value, bool):
+        raise where.error("must be true or false", value)
+    return value
+
+
+def choice(*options: str) -> Check:
+    def check(value: object, where: Where) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise where.error(f"must be one of {', '.join(options)}", value)
+        return value
+    return check
+
+
+def optional(inner: Check) -> Check:
+    def check(value: object, where: Where) -> object:
+        return None if value is None else inner(value, where)
+    return check
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def name(value: object, where: Where) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise where.error("must be a name of letters, digits, '_', '.' or '-'", value)
+    return value
+
+
+# --- stage checkers ------------------------------------------------------------------------
+
+def model(value: object, where: Where) -> str:
+    """A shape name from SHAPES stays as is; anything else must be a directory (-> absolute).
+
+    A relative path resolves in the directory of the file that wrote it. A shape name wins over
+    a directory of the same name; write ``./tiny`` to mean the directory.
+    """
+    if isinstance(value, str) and value in SHAPES:
+        return value
+    if isinstance(value, str) and value:
+        path = os.path.join(where.origin().base_dir, os.path.expanduser(value))
+        if os.path.isdir(path):
+            return os.path.abspath(path)
+    raise where.error(f"not a directory and not a shape ({', '.join(SHAPES)})", value)
+
+
+PATCHES = ("aot_cache", "kv_budget", "release_memory")
+
+
+def patch_names(value: object, where: Where) -> tuple[str, ...]:
+    """A list of vllm_omni patch names to switch off -> a sorted tuple (order has no meaning)."""
+    if not isinstance(value, (list, tuple)):
+        raise where.error(f"must be a list of patch names ({', '.join(PATCHES)})", value)
+    seen: list[str] = []
+    for i, item in enumerate(value):
+        choice(*PATCHES)(item, where / i)
+        if item in seen:
+            raise (where / i).error("listed twice", item)
+        seen.append(item)
+    return tuple(sorted(seen))
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Variables that would silently override a typed field: each names the field to use instead.
+_ENV_OWNED = {
+    "VLLM_CPU_KVCACHE_SPACE": "kv_cache_mib",  # vLLM overwrites the explicit KV budget with it
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "multiprocessing",
+}
+
+
+def env(value: object, where: Where) -> FrozenDict:
+    """Extra environment for the engine process: names -> strings (ints become strings)."""
+    if not isinstance(value, Mapping):
+        raise where.error("must be a mapping of variable names to strings", value)
+    out = {}
+    for key, item in value.items():
+        at = where / (key if isinstance(key, str) else repr(key))
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise at.error("not an environment variable name", key)
+        if key in _ENV_OWNED:
+            raise at.error(f"set by the typed field stage.{_ENV_OWNED[key]}; use that instead")
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise at.error("must be a string or an integer", item)
+        out[key] = str(item)
+    return FrozenDict(sorted(out.items()))
+
+
+# engine_args keys that duplicate a typed field -> the field to use instead.
+_ENGINE_ARGS_OWNED = {
+    "model": "model",
+    "kv_cache_memory_bytes": "stage.kv_cache_mib",
+    "max_model_len": "stage.max_model_len",
+    "enforce_eager": "stage.enforce_eager",
+    "quantization": "stage.quantization",
+    "dtype": "stage.dtype",
+    "max_num_seqs": "stage.max_num_seqs",
+}
+
+
+def _json_value(value: object, where: Where) -> object:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return number()(value, where)
+    if isinstance(value, (list, tuple)):
+        return tuple(_json_value(v, where / i) for i, v in enumerate(value))
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise where.error("keys must be strings", key)
+            out[key] = _json_value(item, where / key)
+        return FrozenDict(out)
+    raise where.error("must be plain data (null, bool, number, string, list, mapping)", value)
+
+
+def engine_args(value: object, where: Where) -> FrozenDict:
+    """Pass-through keyword arguments for ``vllm.LLM``, minus those a typed field owns."""
+    if not isinstance(value, Mapping):
+        raise where.error("must be a mapping of vllm.LLM keyword arguments", value)
+    for key in value:
+        if key in _ENGINE_ARGS_OWNED:
+            raise (where / key).error(
+                f"duplicates a typed field; set {_ENGINE_ARGS_OWNED[key]} instead")
+    return _json_value(value, where)  # type: ignore[return-value]
+
+
+# --- placement checkers --------------------------------------------------------------------
+
+def node_list(value: object, where: Where) -> tuple[int, ...]:
+    """NUMA node ids -> a sorted tuple (a set of nodes; order has no meaning)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise where.error("must be a non-empty list of NUMA node ids", value)
+    seen: list[int] = []
+    for i, item in enumerate(value):
+        integer(ge=0)(item, where / i)
+        if item in seen:
+            raise (where / i).error("listed twice", item)
+        seen.append(item)
+    return tuple(sorted(seen))

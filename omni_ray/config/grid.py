@@ -1,0 +1,97 @@
+"""Grid expansion: a sweep's axes -> the arms it runs, in a fixed order, with stable ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+from typing import Any
+
+from omni_ray.config.fields import canonical_json
+from omni_ray.config.schema import (
+    STAGE_FIELDS, WORKLOAD_FIELDS, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig)
+
+
+def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
+           slot_cores: int | None) -> str:
+    """First 12 hex digits of sha256 over the canonical JSON of the resolved arm.
+
+    Equal configs give equal ids whatever the file looked like (key order, includes, which
+    values came from an axis). The model enters as resolved: a directory by its absolute path.
+    """
+    text = canonical_json({"sweep": sweep, "stage": stage.to_dict(),
+                           "workload": workload.to_dict(), "slot_cores": slot_cores})
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Arm:
+    """One point of a sweep: a fully resolved stage, workload and slot size.
+
+    ``id`` is computed from the content (see :func:`arm_id`), never passed in.
+    """
+
+    id: str = dataclasses.field(init=False)
+    sweep: str
+    label: str                      # "kv_cache_mib=64,batch=1", or "base" without axes
+    index: int                      # position in expand() order
+    stage: StageConfig
+    workload: WorkloadConfig
+    slot_cores: int | None          # None = a whole NUMA node
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        PlacementConfig(slot_cores=self.slot_cores)  # validates it
+        object.__setattr__(self, "id", arm_id(self.sweep, self.stage, self.workload,
+                                              self.slot_cores))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data, keys in a fixed order."""
+        return {"id": self.id, "sweep": self.sweep, "label": self.label, "index": self.index,
+                "stage": self.stage.to_dict(), "workload": self.workload.to_dict(),
+                "slot_cores": self.slot_cores, "timeout_s": self.timeout_s}
+
+
+def label_value(field: str, value: object) -> str:
+    """How one axis value reads in a label: short, no ',' or '=' of its own."""
+    if field == "model" and isinstance(value, str) and os.path.isabs(value):
+        return os.path.basename(value.rstrip(os.sep)) or value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "+".join(label_value("", v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "{" + ";".join(f"{k}:{label_value('', v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def axes(sweep: SweepConfig) -> list[list[tuple[tuple[str, Any], ...]]]:
+    """Each axis as its list of points; a point is the (field, value) pairs it sets."""
+    out = [[((key, v),) for v in values] for key, values in sweep.matrix.items()]
+    for group in sweep.zip:
+        keys = list(group)
+        out.append([tuple((k, group[k][i]) for k in keys) for i in range(len(group[keys[0]]))])
+    return out
+
+
+def expand(sweep: SweepConfig) -> list[Arm]:
+    """The cartesian product of the axes: matrix keys in file order, then zip groups, the last
+    axis varying fastest. No axes: one arm labelled "base"."""
+    arms = []
+    for index, combo in enumerate(itertools.product(*axes(sweep))):
+        pairs = [pair for point in combo for pair in point]
+        setting = dict(pairs)
+        stage = dataclasses.replace(
+            sweep.stage, **{k: v for k, v in setting.items() if k in STAGE_FIELDS})
+        workload = dataclasses.replace(
+            sweep.workload, **{k: v for k, v in setting.items() if k in WORKLOAD_FIELDS})
+        arms.append(Arm(
+            sweep=sweep.name,
+            label=",".join(f"{k}={label_value(k, v)}" for k, v in pairs) or "base",
+            index=index, stage=stage, workload=workload,
+            slot_cores=setting.get("slot_cores", sweep.placement.slot_cores),
+            timeout_s=sweep.timeout_s))
+    return arms

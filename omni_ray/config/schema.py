@@ -1,0 +1,258 @@
+"""The sweep schema: frozen, typed dataclasses that validate themselves when built.
+
+Every field has one checker (``STAGE_FIELDS`` and friends); the same checker validates a YAML
+value, each value of a matrix axis, and a dataclass built directly from Python, so a bad value
+can never sit in a config object. ``*_from_dict`` give errors the file and field path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from omni_ray.config import fields as f
+from omni_ray.config.fields import FrozenDict, Where, thaw
+
+STAGE_FIELDS: dict[str, f.Check] = {
+    "model": f.model,
+    "dtype": f.choice("bfloat16", "float32", "float16"),
+    "quantization": f.optional(f.choice("cpu_int4")),
+    "kv_cache_mib": f.integer(gt=0),
+    "max_model_len": f.integer(gt=0),
+    "max_num_seqs": f.integer(gt=0),
+    "enforce_eager": f.boolean,
+    "multiprocessing": f.boolean,
+    "env": f.env,
+    "disable_patches": f.patch_names,
+    "warm_start": f.boolean,
+    "engine_args": f.engine_args,
+}
+STAGE_REQUIRED = ("model", "kv_cache_mib")
+
+WORKLOAD_FIELDS: dict[str, f.Check] = {
+    "prompt_len": f.integer(gt=0),
+    "output_len": f.integer(ge=2),  # decode time is taken by difference of N and 1 tokens
+    "batch": f.integer(gt=0),
+    "context_len": f.integer(ge=0),
+    "warmup": f.integer(ge=0),
+    "repeats": f.integer(gt=0),
+}
+
+PLACEMENT_FIELDS: dict[str, f.Check] = {
+    "slot_cores": f.optional(f.integer(gt=0)),
+    "nodes": f.optional(f.node_list),
+}
+
+NOISE_FIELDS: dict[str, f.Check] = {
+    "spread_pct": f.number(gt=0),
+}
+
+# What a matrix or zip key may name: one namespace, so a name says which config it sets.
+AXIS_FIELDS: dict[str, f.Check] = {
+    **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"]}
+assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 1, "axis names collide"
+
+
+def _recheck(obj: object, table: Mapping[str, f.Check]) -> None:
+    """Validate and normalise every field of a just-built dataclass, in place."""
+    where = Where(type(obj).__name__, os.getcwd())
+    for name, check in table.items():
+        object.__setattr__(obj, name, check(getattr(obj, name), where / name))
+
+
+class _Config:
+    """Shared by the config dataclasses: ``to_dict()`` gives plain, stable, JSON-able data."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {field.name: _plain(getattr(self, field.name))
+                for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+def _plain(value: object) -> object:
+    return value.to_dict() if isinstance(value, _Config) else thaw(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageConfig(_Config):
+    """One vLLM CPU engine: what it loads and how it is built."""
+
+    model: str                      # a shape name from SHAPES, or an absolute model directory
+    dtype: str = "bfloat16"         # bfloat16 | float32 | float16
+    quantization: str | None = None  # None | "cpu_int4"
+    kv_cache_mib: int               # explicit KV budget (vLLM's kv_cache_memory_bytes / 2**20)
+    max_model_len: int = 1024
+    max_num_seqs: int = 8
+    enforce_eager: bool = True
+    multiprocessing: bool = False   # vLLM's own V1 multiprocessing (EngineCore in a child)
+    env: dict[str, str] = dataclasses.field(default_factory=FrozenDict)  # engine process env
+    disable_patches: tuple[str, ...] = ()  # vllm_omni patches to switch off (ablation)
+    warm_start: bool = False        # start once before measuring, so the compile cache is warm
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=FrozenDict)  # to vllm.LLM
+
+    def __post_init__(self) -> None:
+        _recheck(self, STAGE_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkloadConfig(_Config):
+    """What is run against a ready engine, and how often it is measured."""
+
+    prompt_len: int = 32
+    output_len: int = 16            # >= 2: decode per token = (N-token run - 1-token run) / (N-1)
+    batch: int = 1
+    context_len: int = 0            # fill the KV cache to this many tokens before measuring
+    warmup: int = 1
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        _recheck(self, WORKLOAD_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PlacementConfig(_Config):
+    """Where arms run: cores per slot (None = a whole NUMA node) and which nodes (None = all)."""
+
+    slot_cores: int | None = None
+    nodes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _recheck(self, PLACEMENT_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NoiseConfig(_Config):
+    """When a result is flagged NOISY: spread across passes above ``spread_pct`` percent."""
+
+    spread_pct: float = 8.0
+
+    def __post_init__(self) -> None:
+        _recheck(self, NOISE_FIELDS)
+
+
+def check_axes(matrix: object, zip_groups: object, where: Where,
+               ) -> tuple[FrozenDict, tuple[FrozenDict, ...]]:
+    """Validate ``matrix`` (field -> values) and ``zip`` (groups of field -> equal-length values).
+
+    Returns them frozen, every value normalised by its field's checker. A field may be swept by
+    one axis only; values within an axis must differ (two equal arms would share an id).
+    """
+    placed: dict[str, str] = {}  # field -> the axis that sweeps it, for the "twice" error
+
+    def values_of(data: Mapping, at: Where, axis: str) -> FrozenDict:
+        out = {}
+        for key, values in data.items():
+            if key not in AXIS_FIELDS:
+                raise f.unknown_key(at, key, AXIS_FIELDS)
+            if key in placed:
+                raise (at / key).error(f"already swept by {placed[key]}")
+            placed[key] = axis
+            if not isinstance(values, (list, tuple)):
+                raise (at / key).error("must be a list of values", values)
+            if not values:
+                raise (at / key).error("must list at least one value", values)
+            out[key] = tuple(AXIS_FIELDS[key](v, at / key / i) for i, v in enumerate(values))
+        return FrozenDict(out)
+
+    def no_repeats(rows: list, at: Where, key: str | None) -> None:
+        seen: dict[str, int] = {}
+        for i, row in enumerate(rows):
+            text = f.canonical_json(row)
+            if text in seen:
+                spot = at / key / i if key else at / i
+                raise spot.error(f"repeats entry [{seen[text]}]", thaw(row))
+            seen[text] = i
+
+    if matrix is None:
+        matrix = {}
+    if not isinstance(matrix, Mapping):
+        raise (where / "matrix").error("must be a mapping of field -> list of values", matrix)
+    frozen_matrix = values_of(matrix, where / "matrix", "matrix")
+    for key, values in frozen_matrix.items():
+        no_repeats(list(values), where / "matrix", key)
+
+    if zip_groups is None:
+        zip_groups = ()
+    if not isinstance(zip_groups, (list, tuple)):
+        raise (where / "zip").error("must be a list of mappings field -> list of values",
+                                    zip_groups)
+    groups = []
+    for g, group in enumerate(zip_groups):
+        at = where / "zip" / g
+        if not isinstance(group, Mapping) or not group:
+            raise at.error("must be a non-empty mapping of field -> list of values", group)
+        frozen = values_of(group, at, f"zip[{g}]")
+        keys = list(frozen)
+        for key in keys[1:]:
+            if len(frozen[key]) != len(frozen[keys[0]]):
+                raise (at / key).error(
+                    f"has {len(frozen[key])} values but {keys[0]} has {len(frozen[keys[0]])}; "
+                    "zipped lists must have equal lengths")
+        no_repeats([[frozen[k][i] for k in keys] for i in range(len(frozen[keys[0]]))], at, None)
+        groups.append(frozen)
+    return frozen_matrix, tuple(groups)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig(_Config):
+    """One sweep file: a base stage and workload, and the axes that vary them.
+
+    ``stage`` is the base every arm starts from. A required stage field given only by an axis
+    (``kv_cache_mib`` swept in ``matrix``) takes that axis' first value here; every arm then
+    overrides it. Axes: each ``matrix`` key, then each ``zip`` group, last one fastest.
+    """
+
+    name: str
+    source: str                     # the file (as given), or "<dict>"
+    stage: StageConfig
+    workload: WorkloadConfig = dataclasses.field(default_factory=WorkloadConfig)
+    matrix: dict[str, tuple] = dataclasses.field(default_factory=FrozenDict)
+    zip: tuple[dict[str, tuple], ...] = ()
+    passes: int = 3                 # interleaved passes over all arms
+    placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
+    timeout_s: float = 600.0        # per arm
+    noise: NoiseConfig = dataclasses.field(default_factory=NoiseConfig)
+    include: tuple[str, ...] = ()   # the fragments merged in, absolute paths, in merge order
+
+    def __post_init__(self) -> None:
+        where = Where(self.source or "SweepConfig", os.getcwd())
+        checks = {"name": f.name, "passes": f.integer(gt=0), "timeout_s": f.number(gt=0)}
+        for field, check in checks.items():
+            object.__setattr__(self, field, check(getattr(self, field), where / field))
+        for field, cls in (("stage", StageConfig), ("workload", WorkloadConfig),
+                           ("placement", PlacementConfig), ("noise", NoiseConfig)):
+            if not isinstance(getattr(self, field), cls):
+                raise (where / field).error(f"must be a {cls.__name__}", getattr(self, field))
+        matrix, zip_groups = check_axes(self.matrix, self.zip, where)
+        object.__setattr__(self, "matrix", matrix)
+        object.__setattr__(self, "zip", zip_groups)
+        object.__setattr__(self, "include", tuple(self.include))
+
+
+_MISPLACED = {
+    **{k: "belongs under stage:" for k in STAGE_FIELDS if k != "model"},
+    **{k: "belongs under workload:" for k in WORKLOAD_FIELDS},
+    **{k: "belongs under placement:" for k in PLACEMENT_FIELDS},
+    **{k: "belongs under noise:" for k in NOISE_FIELDS},
+}
+
+
+def stage_from_dict(d: Mapping[str, Any], source: str = "<dict>", *,
+                    base_dir: str | None = None) -> StageConfig:
+    """A StageConfig from plain data (``model`` and ``kv_cache_mib`` required).
+
+    Relative model paths resolve against ``base_dir`` (default: the working directory).
+    """
+    where = Where(source, base_dir or os.getcwd())
+    values = f.parse_mapping(d, where, STAGE_FIELDS, hints=_MISPLACED)
+    for key in STAGE_REQUIRED:
+        if key not in values:
+            raise (where / key).error("required field missing")
+    return StageConfig(**values)
+
+
+def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:
+    """A WorkloadConfig from plain data; every field has a default."""
+    where = Where(source, os.getcwd())
+    return WorkloadConfig(**f.parse_mapping(d, where, WORKLOAD_FIELDS, hints=_MISPLACED))
