@@ -50,7 +50,7 @@ def _build(doc: Document, where: Where) -> SweepConfig:
     name = f.name(data["name"], where / "name")
 
     stage = _section(data, "stage", _STAGE_SECTION, where)
-    if data.get("model") is not None:
+    if "model" in data:
         stage["model"] = f.model(data["model"], where / "model")
     workload = _section(data, "workload", WORKLOAD_FIELDS, where)
     placement = _section(data, "placement", PLACEMENT_FIELDS, where)
@@ -68,7 +68,7 @@ def _build(doc: Document, where: Where) -> SweepConfig:
 
     scalars = {}
     for key, check in (("passes", f.integer(gt=0)), ("timeout_s", f.number(gt=0))):
-        if data.get(key) is not None:
+        if key in data:
             scalars[key] = check(data[key], where / key)
 
     sweep = SweepConfig(
