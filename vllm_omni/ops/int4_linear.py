@@ -1,0 +1,94 @@
+"""``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
+
+Below ``row_threshold`` rows (decode) it calls torch's CPU int4 GEMM on the packed weight; at or
+above it (prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
+(oneDNN), which is faster for many rows. Being one opaque op, the branch on the row count is
+taken at run time and never becomes a torch.compile guard; ``group_size`` and ``row_threshold``
+are arguments, so they are constants of the traced graph and must be part of the quantization
+config (which keys vLLM's compile cache).
+
+No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
+"""
+
+import threading
+from typing import Optional
+
+import torch
+from torch.library import Library
+
+from vllm_omni.ops import int4_pack
+
+NAMESPACE = "vllm_omni"
+OP_NAME = "cpu_int4_linear"
+# The library must outlive every use of the op (it is the op's registration).
+_LIB = Library(NAMESPACE, "FRAGMENT")
+_lock = threading.Lock()
+
+
+def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                    group_size: int, row_threshold: int,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias), W [N, K] in the CPU int4 pack; x [..., K] -> y [..., N]."""
+    k = x.shape[-1]
+    n = scales_zeros.shape[1]
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.bfloat16:
+        x2 = x2.to(torch.bfloat16)
+    rows = x2.shape[0]
+    if rows < row_threshold:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
+                                                       scales_zeros)
+    else:
+        y = None
+        for r, wt in int4_pack.dequantize_t_chunks(packed, scales_zeros, k):
+            if wt.shape[1] == n:  # one chunk: the whole weight
+                y = torch.mm(x2, wt)
+            else:
+                if y is None:
+                    y = torch.empty(rows, n, dtype=torch.bfloat16)
+                y[:, r:r + wt.shape[1]] = torch.mm(x2, wt)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], n).to(x.dtype)
+
+
+def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                         group_size: int, row_threshold: int,
+                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
+
+
+def registered() -> bool:
+    return hasattr(getattr(torch.ops, NAMESPACE), OP_NAME)
+
+
+def request_amx() -> bool:
+    """Ask Linux for AMX tile state in this process (``torch._C._cpu._init_amx``).
+
+    vLLM's CPU attention kernel (``cpu_attention_with_kv_cache``) uses AMX when the CPU has it
+    but does not request the permission itself: it relies on oneDNN having done so in an
+    earlier bf16 matmul. An int4 model runs no oneDNN matmul before its first attention call
+    (decode uses the int4 GEMM), and the process dies with SIGILL. Requesting it is harmless
+    when AMX is absent (returns False).
+    """
+    init = getattr(getattr(torch._C, "_cpu", None), "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
+def register() -> None:
+    """Register the op with vLLM's ``direct_register_custom_op`` (once per process)."""
+    with _lock:
+        request_amx()
+        if registered():
+            return
+        from vllm.utils.torch_utils import direct_register_custom_op
+
+        direct_register_custom_op(OP_NAME, cpu_int4_linear, mutates_args=[],
+                                  fake_impl=cpu_int4_linear_fake, target_lib=_LIB,
+                                  dispatch_key="CPU")
+
+
+def op():
+    """The registered op (registering it on first use)."""
+    register()
+    return getattr(getattr(torch.ops, NAMESPACE), OP_NAME)

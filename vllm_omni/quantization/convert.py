@@ -1,0 +1,241 @@
+"""Write a cpu_int4 checkpoint from a Hugging Face safetensors checkpoint (bf16/fp16/fp32).
+
+The result loads with plain ``vllm.LLM(model=dst)`` once omni-ray is installed (the plugin
+registers the method; config.json names it). What is written:
+
+- ``*.safetensors``: every 2-D ``*.weight`` of a linear layer, the input embedding and the
+  output head as ``weight_packed`` / ``weight_scale`` / ``weight_zero``; everything else as it
+  was. A tied head (``tie_word_embeddings``) is not written: it shares the embedding's tensors.
+- ``config.json``: the source's, plus ``quantization_config``.
+- every other file of the source (tokenizer, generation config) copied.
+- ``omni_quantize.json``: the source path, the sha256 of each source file used, the settings,
+  and the layers left bf16 with the reason.
+
+A layer int4 cannot take (N not a multiple of 16, K not a multiple of the group) stays bf16 and
+is listed in ``ignored_modules`` with a warning; the parts of a fused layer (q/k/v, gate/up)
+stay bf16 together, because vLLM loads them into one tensor. Works one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from vllm_omni.errors import OmniInputError
+from vllm_omni.quantization import grid
+
+logger = logging.getLogger("vllm.omni")
+
+QUANT_METHOD = "cpu_int4"
+RECORD = "omni_quantize.json"
+RECORD_SCHEMA_VERSION = 1
+# Source files that are rewritten rather than copied.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_REWRITTEN = {"config.json", "model.safetensors.index.json", RECORD}
+# Parts vLLM fuses into one layer: they must all be int4 or all bf16.
+FUSED_PARTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+VOCAB_MODULES = ("embed_tokens", "lm_head")
+N_MULTIPLE = 16
+SHARD_BYTES = 2 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertResult:
+    dst: Path
+    quantized: list[str]  # module names now int4
+    ignored: dict[str, str]  # module name -> why it stayed bf16
+    record: dict
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _weight_files(src: Path) -> list[Path]:
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [src / f for f in files]
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise OmniInputError(f"{src}: no *.safetensors weights (only safetensors checkpoints "
+                             "can be quantized)")
+    return files
+
+
+def _problem(name: str, shape: tuple[int, ...], group_size: int) -> str | None:
+    """Why the weight [N, K] of module ``name`` cannot be int4, or None."""
+    n, k = shape
+    vocab = name.rsplit(".", 1)[-1] in VOCAB_MODULES  # vLLM pads the vocab to a multiple of 64
+    if k % group_size:
+        return f"K={k} does not divide by group_size={group_size}"
+    if not vocab and n % N_MULTIPLE:
+        return f"N={n} is not a multiple of {N_MULTIPLE}"
+    return None
+
+
+def plan(shapes: dict[str, tuple[int, ...]], group_size: int,
+         tie_word_embeddings: bool) -> tuple[list[str], dict[str, str]]:
+    """(modules to quantize, modules left bf16 -> reason) from tensor name -> shape."""
+    candidates = {n[: -len(".weight")]: s for n, s in shapes.items()
+                  if n.endswith(".weight") and len(s) == 2}
+    ignored = {m: p for m, s in candidates.items() if (p := _problem(m, s, group_size))}
+    # Fused parts stay bf16 together.
+    for m in list(candidates):
+        head, _, last = m.rpartition(".")
+        for parts in FUSED_PARTS:
+            if last in parts:
+                siblings = [f"{head}.{p}" if head else p for p in parts]
+                bad = [s for s in siblings if s in ignored]
+                if bad and m not in ignored:
+                    ignored[m] = f"fused with {bad[0]} ({ignored[bad[0]]})"
+    if tie_word_embeddings:
+        embed = next((m for m in candidates if m.endswith("embed_tokens")), None)
+        if embed in ignored:
+            for m in candidates:
+                if m.endswith("lm_head") and m not in ignored:
+                    ignored[m] = f"tied to {embed} ({ignored[embed]})"
+    quantized = [m for m in candidates if m not in ignored]
+    return quantized, ignored
+
+
+def _tied_head_names(names, tie: bool) -> set[str]:
+    return {n for n in names if tie and n.rsplit(".", 2)[-2:-1] == ["lm_head"]}
+
+
+def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
+                        group_size: int = grid.DEFAULT_GROUP_SIZE,
+                        row_threshold: int | None = None,
+                        overwrite: bool = False) -> ConvertResult:
+    """Write the cpu_int4 checkpoint of ``src`` to ``dst``; see the module docstring."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD, CpuInt4Config
+
+    src, dst = Path(src), Path(dst)
+    if not (src / "config.json").is_file():
+        raise OmniInputError(f"{src}: not a model directory (no config.json)")
+    if src.resolve() == dst.resolve():
+        raise OmniInputError(f"{dst}: the destination is the source")
+    if dst.exists() and any(dst.iterdir()) and not overwrite:
+        raise OmniInputError(f"{dst}: exists and is not empty (pass overwrite=True / "
+                             "--overwrite to replace it)")
+    hf_config = json.loads((src / "config.json").read_text())
+    if hf_config.get("quantization_config"):
+        method = hf_config["quantization_config"].get("quant_method")
+        raise OmniInputError(f"{src}/config.json: already quantized ({method})")
+    cfg = CpuInt4Config(group_size=group_size,
+                        row_threshold=DEFAULT_ROW_THRESHOLD if row_threshold is None
+                        else row_threshold)
+    tie = bool(hf_config.get("tie_word_embeddings", False))
+    files = _weight_files(src)
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    where: dict[str, Path] = {}
+    for f in files:
+        with safe_open(f, framework="pt") as sf:
+            for name in sf.keys():
+                shapes[name] = tuple(sf.get_slice(name).get_shape())
+                where[name] = f
+    skip = _tied_head_names(shapes, tie)
+    quantized, ignored = plan({n: s for n, s in shapes.items() if n not in skip}, group_size,
+                              tie)
+    for m, why in sorted(ignored.items()):
+        logger.warning("cpu_int4: %s stays bf16: %s", m, why)
+    cfg.ignored_modules = sorted(ignored)
+    qset = set(quantized)
+
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weight_map: dict[str, str] = {}
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes = 0
+    shard_files: list[str] = []
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes
+        if not shard:
+            return
+        fname = f"model-{len(shard_files) + 1:05d}.safetensors"
+        save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+        shard_files.append(fname)
+        for n in shard:
+            weight_map[n] = fname
+        shard, shard_bytes = {}, 0
+
+    def put(name: str, t: torch.Tensor) -> None:
+        nonlocal shard_bytes
+        shard[name] = t.contiguous()
+        shard_bytes += t.numel() * t.element_size()
+        if shard_bytes >= SHARD_BYTES:
+            flush()
+
+    for f in files:
+        with safe_open(f, framework="pt") as sf:
+            for name in sf.keys():
+                if name in skip:
+                    continue
+                t = sf.get_tensor(name)
+                module = name[: -len(".weight")] if name.endswith(".weight") else None
+                if module in qset:
+                    qw = grid.quantize(t, group_size)
+                    put(f"{module}.{grid.PACKED}", qw.packed)
+                    put(f"{module}.{grid.SCALE}", qw.scale)
+                    put(f"{module}.{grid.ZERO}", qw.zero)
+                else:
+                    put(name, t)
+                del t
+    flush()
+    if len(shard_files) == 1:
+        os.replace(tmp / shard_files[0], tmp / "model.safetensors")
+    else:
+        total = sum((tmp / f).stat().st_size for f in shard_files)
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+    hf_config["quantization_config"] = cfg.to_dict()
+    (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    copied = []
+    for p in sorted(src.iterdir()):
+        if p.is_file() and p.name not in _REWRITTEN and not p.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(p, tmp / p.name)
+            copied.append(p.name)
+
+    used = [src / "config.json", *files]
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        used.append(index)
+    file_hashes = {p.name: _sha256(p) for p in used}
+    record = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": str(src.resolve()),
+        "source_sha256": file_hashes,
+        "source_hash": hashlib.sha256(json.dumps(file_hashes, sort_keys=True).encode())
+        .hexdigest(),
+        "quantization_config": cfg.to_dict(),
+        "quantized_modules": len(quantized),
+        "ignored_modules": dict(sorted(ignored.items())),
+        "tied_head_dropped": sorted(skip),
+        "copied_files": copied,
+        "torch": torch.__version__,
+    }
+    (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+    return ConvertResult(dst, sorted(quantized), dict(sorted(ignored.items())), record)

@@ -1,0 +1,386 @@
+"""The ``cpu_int4`` quantization method (W4A16) for vLLM on CPU.
+
+Two ways in:
+
+- a checkpoint written by ``omni-ray quantize`` (see :mod:`vllm_omni.quantization.convert`):
+  config.json carries ``quantization_config = {"quant_method": "cpu_int4", "group_size": ...,
+  "ignored_modules": [...], "row_threshold": ...}`` and each quantized layer has
+  ``weight_packed`` / ``weight_scale`` / ``weight_zero`` (format in
+  :mod:`vllm_omni.quantization.grid`);
+- a bf16 checkpoint loaded with ``LLM(..., quantization="cpu_int4")``: no config file is read
+  (``get_config_filenames()`` is empty), vLLM builds :class:`CpuInt4Config` with its defaults and
+  every layer is quantized right after loading.
+
+Either way each layer keeps one layout after loading: torch's CPU int4 pack plus bf16
+scales_and_zeros [K/group, N, 2]; the checkpoint tensors are freed. The linear runs as the custom
+op ``torch.ops.vllm_omni.cpu_int4_linear`` (:mod:`vllm_omni.ops.int4_linear`). The output head
+is quantized too; a tied input embedding shares the head's packed tensors and dequantizes only
+the rows it looks up.
+
+The config and method classes are module-level: vLLM pickles the config to the engine process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn import Parameter
+
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    UnquantizedEmbeddingMethod,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.parameter import (
+    GroupQuantScaleParameter,
+    ModelWeightParameter,
+    PackedvLLMParameter,
+)
+
+from vllm_omni.errors import OmniInputError
+from vllm_omni.ops import int4_linear, int4_pack
+from vllm_omni.quantization import grid
+
+logger = logging.getLogger("vllm.omni")
+
+QUANT_METHOD = "cpu_int4"
+# Rows from which the op dequantizes and uses a bf16 matmul instead of the int4 GEMM.
+# Measured with `python -m vllm_omni.ops.int4_bench --threads 1` on the 2-core AVX-512 dev VM
+# (contended): at 128 rows dequantize+matmul beat the int4 GEMM 2.0x on 2048x2048 and 1.3x on
+# 6144x2048 and was even (-5 %) on 2048x6144; at 64 rows the int4 GEMM still won everywhere.
+# Re-measure on the target machine and write the value into the checkpoint's config.
+DEFAULT_ROW_THRESHOLD = 128
+# The kernel's N granularity (output rows).
+N_MULTIPLE = 16
+# Tensors a layer holds after loading.
+PACK, SCALES_ZEROS = "int4_packed", "int4_scales_zeros"
+# The shards of fused layers, in vLLM's order (qkv_proj's loaded_shard_id is "q"/"k"/"v").
+_QKV_SHARDS = ("q", "k", "v")
+
+
+class CpuInt4Config(QuantizationConfig):
+    """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold
+    become constants of the op call) is a field here, so it is part of the checkpoint's config
+    and of vLLM's compile-cache key, never an environment variable."""
+
+    def __init__(self, group_size: int = grid.DEFAULT_GROUP_SIZE,
+                 ignored_modules: list[str] | None = None,
+                 row_threshold: int = DEFAULT_ROW_THRESHOLD,
+                 checkpoint_quantized: bool = False) -> None:
+        super().__init__()
+        if group_size not in grid.GROUP_SIZES:
+            raise OmniInputError(f"quantization_config.group_size: must be one of "
+                                 f"{list(grid.GROUP_SIZES)}, got {group_size!r}")
+        if not isinstance(row_threshold, int) or isinstance(row_threshold, bool) \
+                or row_threshold < 0:
+            raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
+                                 f"got {row_threshold!r}")
+        ignored = list(ignored_modules or [])
+        if not all(isinstance(m, str) for m in ignored):
+            raise OmniInputError(f"quantization_config.ignored_modules: must be a list of "
+                                 f"module names, got {ignored_modules!r}")
+        self.group_size = group_size
+        self.ignored_modules = ignored
+        self.row_threshold = row_threshold
+        # True: the checkpoint holds weight_packed/scale/zero; False: bf16, quantize at load.
+        self.checkpoint_quantized = checkpoint_quantized
+
+    def __repr__(self) -> str:
+        return (f"CpuInt4Config(group_size={self.group_size}, row_threshold="
+                f"{self.row_threshold}, ignored_modules={len(self.ignored_modules)}, "
+                f"checkpoint_quantized={self.checkpoint_quantized})")
+
+    def get_name(self) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU only: no GPU capability applies
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # empty: LLM(quantization="cpu_int4") on a bf16 checkpoint quantizes at load
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CpuInt4Config:
+        method = config.get("quant_method", QUANT_METHOD)
+        if method != QUANT_METHOD:
+            raise OmniInputError(f"quantization_config.quant_method: expected "
+                                 f"{QUANT_METHOD!r}, got {method!r}")
+        unknown = set(config) - {"quant_method", "group_size", "ignored_modules",
+                                 "row_threshold"}
+        if unknown:
+            raise OmniInputError(f"quantization_config: unknown field(s) {sorted(unknown)}")
+        return cls(group_size=config.get("group_size", grid.DEFAULT_GROUP_SIZE),
+                   ignored_modules=config.get("ignored_modules", []),
+                   row_threshold=config.get("row_threshold", DEFAULT_ROW_THRESHOLD),
+                   checkpoint_quantized=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``quantization_config`` block of config.json."""
+        return {"quant_method": QUANT_METHOD, "group_size": self.group_size,
+                "ignored_modules": list(self.ignored_modules),
+                "row_threshold": self.row_threshold}
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
+        if self.ignored_modules:
+            self.ignored_modules = hf_to_vllm_mapper.apply_list(self.ignored_modules)
+
+    def is_ignored(self, prefix: str) -> bool:
+        """Whether the module stays bf16. A fused module (qkv_proj) is ignored when its parts
+        are; a checkpoint that ignores only some parts of one fused module is rejected."""
+        if not prefix:  # vLLM's LlamaModel builds embed_tokens without a prefix
+            return any(m.rsplit(".", 1)[-1] == "embed_tokens" for m in self.ignored_modules)
+        head, _, last = prefix.rpartition(".")
+        parts = self.packed_modules_mapping.get(last)
+        names = [f"{head}.{p}" if head else p for p in parts] if parts else [prefix]
+        hit = [n for n in names if n in self.ignored_modules or prefix in self.ignored_modules]
+        if hit and len(hit) != len(names):
+            raise OmniInputError(f"{prefix}: ignored_modules lists {hit} but not the other "
+                                 f"parts of this fused layer {sorted(set(names) - set(hit))}")
+        return bool(hit)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, LinearBase):
+            if self.is_ignored(prefix):
+                return UnquantizedLinearMethod()
+            return CpuInt4LinearMethod(self, prefix)
+        if isinstance(layer, VocabParallelEmbedding):
+            if self.is_ignored(prefix):
+                return None  # vLLM falls back to UnquantizedEmbeddingMethod
+            return CpuInt4LinearMethod(self, prefix or "embed_tokens")
+        return None
+
+
+class _LayerState:
+    """What one layer's method needs to know between create_weights and after loading."""
+
+    def __init__(self, name: str, n: int, k: int, full_n: int, full_k: int,
+                 shards: tuple, shard_names: dict, dense: bool) -> None:
+        self.name, self.n, self.k, self.full_n, self.full_k = name, n, k, full_n, full_k
+        self.shards, self.shard_names, self.dense = shards, shard_names, dense
+        self.tensor_names: tuple[str, ...] = ()
+        self.loaded: set[tuple[str, object]] = set()
+        self.processed = False
+        self.tied_source: torch.nn.Module | None = None
+
+
+def _shards_of(layer: torch.nn.Module, prefix: str,
+               mapping: dict[str, list[str]]) -> tuple[tuple, dict, dict]:
+    """(shard ids, shard id -> checkpoint name, shard id -> full rows) of a layer."""
+    head, _, last = prefix.rpartition(".")
+    parts = mapping.get(last) or []
+    sizes = getattr(layer, "output_sizes", None)
+    if sizes and len(sizes) > 1:
+        ids = _QKV_SHARDS if len(sizes) == 3 and "qkv" in last else tuple(range(len(sizes)))
+        names = {sid: (f"{head}.{parts[i]}" if head else parts[i]) if i < len(parts)
+                 else f"{prefix}[{sid}]" for i, sid in enumerate(ids)}
+        return ids, names, dict(zip(ids, sizes))
+    return (None,), {None: prefix}, {None: None}
+
+
+class CpuInt4LinearMethod(LinearMethodBase):
+    """W4A16 linear for LinearBase layers, and the same for ParallelLMHead and
+    VocabParallelEmbedding (``embedding`` dequantizes only the looked-up rows)."""
+
+    def __init__(self, config: CpuInt4Config, prefix: str) -> None:
+        self.config = config
+        self.prefix = prefix
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        cfg = self.config
+        g = cfg.group_size
+        n, k = sum(output_partition_sizes), input_size_per_partition
+        is_vocab = isinstance(layer, VocabParallelEmbedding)
+        if is_vocab:
+            full_n, full_k = layer.org_vocab_size, layer.embedding_dim
+            shards, names, sizes = (None,), {None: self.prefix}, {None: full_n}
+        else:
+            full_n, full_k = layer.output_size, layer.input_size
+            shards, names, sizes = _shards_of(layer, self.prefix, cfg.packed_modules_mapping)
+            if sizes == {None: None}:
+                sizes = {None: full_n}
+        problems = []
+        if k % g:
+            problems.append(f"K={k} does not divide by group_size={g}")
+        if n % N_MULTIPLE:
+            problems.append(f"N={n} is not a multiple of {N_MULTIPLE}")
+        dense = bool(problems)
+        if dense and cfg.checkpoint_quantized:
+            raise OmniInputError(f"{self.prefix}: cannot be cpu_int4 ({'; '.join(problems)}) "
+                                 "and is not listed in quantization_config.ignored_modules")
+        if dense:
+            logger.warning("cpu_int4: %s stays bf16: %s", self.prefix, "; ".join(problems))
+        st = _LayerState(self.prefix, n, k, full_n, full_k, shards, names, dense)
+        st.sizes = sizes
+        layer.cpu_int4 = st
+        loader = extra_weight_attrs["weight_loader"]
+
+        def add(name: str, param: Parameter) -> None:
+            layer.register_parameter(name, param)
+            st.tensor_names += (name,)
+
+        if dense or not cfg.checkpoint_quantized:
+            add("weight", ModelWeightParameter(
+                data=torch.empty(n, k, dtype=params_dtype), input_dim=1, output_dim=0,
+                weight_loader=self._checked_loader(st, "weight", loader)))
+            return
+        add(grid.PACKED, PackedvLLMParameter(
+            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0,
+            packed_dim=1, packed_factor=2,
+            weight_loader=self._checked_loader(st, grid.PACKED, loader)))
+        for name in (grid.SCALE, grid.ZERO):
+            add(name, GroupQuantScaleParameter(
+                data=torch.empty(n, k // g, dtype=torch.bfloat16), input_dim=1, output_dim=0,
+                weight_loader=self._checked_loader(st, name, loader)))
+
+    def _expected(self, st: _LayerState, tensor: str, shard) -> tuple[tuple[int, int],
+                                                                       torch.dtype]:
+        rows = st.sizes.get(shard) if shard in st.sizes else None
+        if rows is None:
+            rows = st.full_n
+        if tensor == "weight":
+            return (rows, st.full_k), None
+        return grid.expected_shapes(rows, st.full_k, self.config.group_size)[tensor], \
+            grid.TENSOR_DTYPES[tensor]
+
+    def _checked_loader(self, st: _LayerState, tensor: str, inner):
+        def load(param, loaded_weight, *args, **kwargs):
+            shard = args[0] if args else kwargs.get("loaded_shard_id")
+            if shard is None:
+                shard = getattr(loaded_weight, "shard_id", None)
+            where = st.shard_names.get(shard, st.name) if shard is not None else st.name
+            shape, dtype = self._expected(st, tensor, shard)
+            if dtype is not None and loaded_weight.dtype != dtype:
+                raise OmniInputError(f"{where}: {tensor} has dtype {loaded_weight.dtype}, "
+                                     f"cpu_int4 expects {dtype}")
+            if tuple(loaded_weight.shape) != tuple(shape):
+                raise OmniInputError(f"{where}: {tensor} has shape {tuple(loaded_weight.shape)},"
+                                     f" cpu_int4 with group_size={self.config.group_size} "
+                                     f"expects {tuple(shape)}")
+            inner(param, loaded_weight, *args, **kwargs)
+            covered = shard if isinstance(shard, tuple) else (shard,)
+            if covered == (None,):
+                covered = st.shards
+            for s in covered:
+                st.loaded.add((tensor, s))
+        return load
+
+    def _check_complete(self, st: _LayerState) -> None:
+        for tensor in st.tensor_names:
+            for shard in st.shards:
+                if (tensor, shard) not in st.loaded:
+                    raise OmniInputError(f"{st.shard_names.get(shard, st.name)}: {tensor} is "
+                                         "missing from the checkpoint")
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        st: _LayerState = layer.cpu_int4
+        if st.processed:
+            return
+        if st.tied_source is not None:
+            src = st.tied_source
+            src.quant_method.process_weights_after_loading(src)
+            for name in st.tensor_names:
+                if name in layer._parameters:
+                    del layer._parameters[name]
+            for name in (PACK, SCALES_ZEROS):
+                setattr(layer, name, getattr(src, name))
+            st.processed = True
+            return
+        self._check_complete(st)
+        if st.dense:
+            st.processed = True
+            return
+        if self.config.checkpoint_quantized:
+            packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
+                                          layer.weight_zero.data)
+        else:
+            packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size)
+        for name in st.tensor_names:  # free the checkpoint layout: keep only one
+            del layer._parameters[name]
+        layer.register_parameter(PACK, Parameter(packed, requires_grad=False))
+        layer.register_parameter(SCALES_ZEROS, Parameter(sz, requires_grad=False))
+        st.processed = True
+
+    # -- tied embedding ----------------------------------------------------------------------
+
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
+        """The head shares the embedding's tensors (both quantized) or its bf16 weight."""
+        src_method = embed_tokens.quant_method
+        st: _LayerState = layer.cpu_int4
+        for name in st.tensor_names:
+            if name in layer._parameters:
+                del layer._parameters[name]
+        if isinstance(src_method, CpuInt4LinearMethod) and not embed_tokens.cpu_int4.dense \
+                and not st.dense:
+            src_st = embed_tokens.cpu_int4
+            for name in src_st.tensor_names:
+                setattr(layer, name, getattr(embed_tokens, name))
+            st.tensor_names = src_st.tensor_names
+            st.tied_source = embed_tokens
+            return layer
+        # The embedding stays bf16 (ignored, or a shape int4 cannot take): share it as is.
+        logger.warning("cpu_int4: %s is tied to a bf16 embedding and stays bf16", self.prefix)
+        layer.quant_method = UnquantizedEmbeddingMethod()
+        layer.weight = embed_tokens.weight
+        del layer.cpu_int4
+        return layer
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.cpu_int4.dense:
+            return F.linear(x, layer.weight, bias)
+        return int4_linear.op()(x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS),
+                                self.config.group_size, self.config.row_threshold, bias)
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        if layer.cpu_int4.dense:
+            return F.embedding(input_, layer.weight)
+        k = layer.cpu_int4.k
+        rows = int4_pack.dequantize_rows(getattr(layer, PACK), getattr(layer, SCALES_ZEROS),
+                                         input_, k)
+        return rows.view(*input_.shape, k)
+
+
+_register_lock = threading.Lock()
+
+
+def register() -> None:
+    """Make ``cpu_int4`` a vLLM quantization method in this process (idempotent)."""
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers import quantization as q
+
+    with _register_lock:
+        int4_linear.register()
+        if q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is not CpuInt4Config:
+            q.register_quantization_config(QUANT_METHOD)(CpuInt4Config)
+        # Without this the layers hand our parameters to the old weight_loader.
+        if CpuInt4LinearMethod.__name__ not in linear.WEIGHT_LOADER_V2_SUPPORTED:
+            linear.register_weight_loader_v2_supported_method(CpuInt4LinearMethod)
+
+
+def is_registered() -> bool:
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers import quantization as q
+
+    return (q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is CpuInt4Config
+            and CpuInt4LinearMethod.__name__ in linear.WEIGHT_LOADER_V2_SUPPORTED
+            and int4_linear.registered())
