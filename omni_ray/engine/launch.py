@@ -1,0 +1,134 @@
+"""Start one arm's engine in a fresh process (``omni_ray.engine.runner``) and collect its result.
+
+Used directly (no Ray) and from inside the Ray stage actor, so both paths measure the same thing.
+A crash, a kill or a timeout becomes a result with status, cause and the tail of the log, never
+an exception: a sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omni_ray.results.store import write_json_atomic
+
+TAIL_LINES = 40
+
+# What the engine log says that the result needs: compile cache hits and misses, the KV size
+# vLLM allocated, and the allocator memory vllm_omni returned after load.
+_MARKERS = {
+    "aot_loaded": re.compile(r"Directly load AOT compilation"),
+    "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
+    "kv_explicit_kept": re.compile(r"vllm_omni: keeping explicit kv_cache_memory_bytes"),
+}
+_KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
+_TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "
+                   r"RssAnon ([\d.]+) -> ([\d.]+) MiB")
+
+
+def scan_log(text: str) -> dict:
+    out: dict = {name: len(rx.findall(text)) for name, rx in _MARKERS.items()}
+    out["kv_cache_tokens_logged"] = [int(m.replace(",", "")) for m in _KV_TOKENS.findall(text)]
+    out["malloc_trim"] = [
+        {"pid": int(pid), "step": step, "before_mb": float(a), "after_mb": float(b),
+         "released_mb": round(float(a) - float(b), 1)}
+        for pid, step, a, b in _TRIM.findall(text)
+    ]
+    return out
+
+
+def tail(text: str, n: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def _death_cause(code: int) -> str:
+    if code < 0:
+        sig = signal.Signals(-code).name
+        hint = " (out of memory, or killed)" if sig == "SIGKILL" else ""
+        return f"engine process killed by {sig}{hint}"
+    return f"engine process exited with code {code} before writing a result"
+
+
+def run_engine(req: dict, workdir: Path, name: str, *, timeout_s: float,
+               on_poll: Callable[[int], None] | None = None) -> dict:
+    """One engine process for ``req``; returns the runner's result plus exit and log facts."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    req_path, out_path = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
+    log_path = workdir / f"{name}.log"
+    write_json_atomic(req_path, req)
+    out_path.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "omni_ray.engine.runner", str(req_path), str(out_path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        status = None
+        while proc.poll() is None:
+            if time.monotonic() - t0 > timeout_s:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                status = "timeout"
+                break
+            if on_poll is not None:
+                on_poll(proc.pid)
+            time.sleep(0.2)
+        _kill_leftovers(proc.pid)
+    text = log_path.read_text(errors="replace")
+    if status == "timeout":
+        result = {"status": "timeout", "error": f"no result within timeout_s={timeout_s:g}"}
+    elif out_path.exists():
+        result = json.loads(out_path.read_text())
+    else:
+        result = {"status": "failed", "error": _death_cause(proc.returncode)}
+    result.update(returncode=proc.returncode, wall_s=time.monotonic() - t0,
+                  log_path=str(log_path), log=scan_log(text))
+    if result["status"] != "ok":
+        result["stderr_tail"] = tail(text)
+    return result
+
+
+def _kill_leftovers(pgid: int) -> None:
+    """The engine's own children (EngineCore, workers) must not outlive the arm."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def launch_arm(req: dict, workdir: Path, name: str, *, timeout_s: float,
+               warm_start: bool = False,
+               on_poll: Callable[[int], None] | None = None) -> dict:
+    """Run an arm with a compile cache of its own; ``warm_start`` primes it with one start first.
+
+    A cache of its own means a compiled arm's start is cold or warm because the config says so,
+    not because of what ran before it.
+    """
+    cache = workdir / f"{name}.vllm-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    req = dict(req, compile_cache_dir=str(cache))
+    deadline = time.monotonic() + timeout_s
+    prime = None
+    try:
+        if warm_start:
+            prime = run_engine(dict(req, workload=None), workdir, f"{name}.prime",
+                               timeout_s=timeout_s, on_poll=on_poll)
+            if prime["status"] != "ok":
+                prime["error"] = f"warm-start priming failed: {prime.get('error')}"
+                return prime
+        result = run_engine(req, workdir, name, timeout_s=max(1.0, deadline - time.monotonic()),
+                            on_poll=on_poll)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if prime is not None:
+        result["prime"] = {k: prime.get(k) for k in ("wall_s", "log")} | {
+            "init_s": prime.get("measurements", {}).get("init_s")}
+    return result

@@ -1,0 +1,195 @@
+"""Run one arm in this (fresh) interpreter: ``python -m omni_ray.engine.runner REQ.json OUT.json``.
+
+The order matters and is the point of this module: set the environment, pin the process and bind
+its memory *before* torch or vLLM is imported (vLLM's EngineCore and workers inherit all three),
+start the process-tree sampler, then import, build the engine, run the workload and read the
+pinning back from every thread of every process of the tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+from omni_ray.measure.clock import Stopwatch
+from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
+from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
+from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
+
+MiB = 1 << 20
+PATCH_NAMES = ("aot_cache", "kv_budget", "release_memory")
+
+
+def cpulist(cpus: list[int]) -> str:
+    return ",".join(str(c) for c in cpus)
+
+
+def engine_env(req: dict) -> dict[str, str]:
+    """The variables the engine process needs, decided before vLLM is imported."""
+    stage = req["stage"]
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if stage.get("multiprocessing") else "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    for name in stage.get("disable_patches", ()):
+        env[f"VLLM_OMNI_DISABLE_{name.upper()}"] = "1"
+    if req.get("cpus"):
+        env["OMP_NUM_THREADS"] = str(len(req["cpus"]))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpulist(req["cpus"])
+    if req.get("compile_cache_dir"):
+        env["VLLM_CACHE_ROOT"] = req["compile_cache_dir"]
+    env.update({k: str(v) for k, v in (stage.get("env") or {}).items()})
+    return env
+
+
+def engine_kwargs(req: dict) -> dict:
+    stage = req["stage"]
+    kwargs = dict(
+        model=req["model_path"],
+        dtype=stage.get("dtype", "bfloat16"),
+        kv_cache_memory_bytes=int(stage["kv_cache_mib"]) * MiB,
+        max_model_len=stage.get("max_model_len", 1024),
+        max_num_seqs=stage.get("max_num_seqs", 8),
+        enforce_eager=stage.get("enforce_eager", True),
+        enable_prefix_caching=False,  # repeats must not be served from the prefix cache
+        seed=req.get("seed", 0),
+    )
+    if stage.get("quantization"):
+        kwargs["quantization"] = stage["quantization"]
+    kwargs.update(stage.get("engine_args") or {})
+    return kwargs
+
+
+def _timed_generate(llm, prompts, params) -> tuple[float, list]:
+    with Stopwatch() as sw:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return sw.elapsed, outs
+
+
+def run_workload(llm, wl: dict, vocab_size: int, sampler: TreeSampler, seed: int) -> dict:
+    from vllm import SamplingParams
+
+    batch, plen, n = wl["batch"], wl["prompt_len"], wl["output_len"]
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    many = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    calls = iter(range(1, 1 << 30))
+
+    def prompts(length: int = plen) -> list[list[int]]:
+        return token_prompts(batch, length, vocab_size, seed=seed * 1_000_003 + next(calls))
+
+    for _ in range(wl.get("warmup", 1)):
+        _timed_generate(llm, prompts(), many)
+    out: dict = {}
+    if wl.get("context_len"):
+        _timed_generate(llm, prompts(wl["context_len"]), one)
+        time.sleep(0.1)
+        sampler.mark("context")
+        out["rss_anon_at_context_mb"] = sampler.settled_anon_mb()
+    t_one, t_n, first_tokens = [], [], None
+    for _ in range(wl.get("repeats", 3)):
+        t, _ = _timed_generate(llm, prompts(), one)
+        t_one.append(t)
+        t, outs = _timed_generate(llm, prompts(), many)
+        t_n.append(t)
+        first_tokens = first_tokens or list(outs[0].outputs[0].token_ids)
+    m1, mn = statistics.median(t_one), statistics.median(t_n)
+    step = decode_seconds_per_token(m1, mn, n)
+    out.update(
+        ttft_s=m1,
+        prefill_tok_s=batch * plen / m1,
+        decode_ms_per_token=step * 1e3,
+        decode_tok_s=batch / step if step > 0 else float("nan"),
+        t_one_s=t_one,
+        t_n_s=t_n,
+        output_token_ids=first_tokens,
+    )
+    return out
+
+
+def kv_cache_tokens(llm) -> int:
+    cache = llm.llm_engine.vllm_config.cache_config
+    return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+
+def run(req: dict) -> dict:
+    """Everything after the environment is set; returns the result dict."""
+    import psutil
+
+    me = psutil.Process()
+    cpus, node = req.get("cpus"), req.get("node")
+    pinning: dict = {"requested_cpus": cpus, "node": node}
+    if cpus:
+        pinning["pinned_tids"] = len(pin_all_threads(cpus))
+    if node is not None:
+        pinning["membind"] = bind_memory(node).to_dict()
+
+    with TreeSampler(os.getpid()) as sampler:
+        sampler.mark("start")
+        with Stopwatch() as imp:
+            import vllm_omni
+
+            vllm_omni.register()
+            from vllm import LLM
+        sampler.mark("load_start")
+        with Stopwatch() as init:
+            llm = LLM(**engine_kwargs(req))
+        sampler.mark("ready")
+        ready_s = time.time() - me.create_time()
+        time.sleep(0.3)
+        m = dict(
+            import_s=imp.elapsed,
+            init_s=init.elapsed,
+            ready_s=ready_s,
+            rss_anon_mb=self_rss_anon_mb(os.getpid()),
+            rss_anon_tree_mb=sampler.settled_anon_mb(),
+            peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
+            kv_cache_tokens=kv_cache_tokens(llm),
+            kv_cache_bytes_requested=int(req["stage"]["kv_cache_mib"]) * MiB,
+            engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]),
+        )
+        tree = affinity_tree(os.getpid())
+        pinning["threads"] = sum(len(t) for t in tree.values())
+        pinning["processes"] = len(tree)
+        pinning["allowed_cpus"] = sorted({c for t in tree.values() for cs in t.values() for c in cs})
+        pinning["violations"] = violations(tree, cpus) if cpus else []
+        if req.get("workload"):
+            vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+            m.update(run_workload(llm, req["workload"], vocab, sampler, req.get("seed", 0)))
+        sampler.mark("end")
+        m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
+        report = vllm_omni.patch_report()
+        del llm
+    return {"status": "ok", "measurements": m, "pinning": pinning, "patch_report": report,
+            "memory": sampler.to_dict()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    req_path, out_path = argv
+    with open(req_path) as f:
+        req = json.load(f)
+    os.environ.update(engine_env(req))
+    try:
+        result = run(req)
+        code = 0
+    except BaseException as exc:  # recorded, then the launcher decides; nothing is lost
+        traceback.print_exc()
+        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        code = 1
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, default=str)
+    os.replace(tmp, out_path)
+    sys.stdout.flush()
+    # vLLM leaves non-daemon threads and atexit work behind; the result is on disk, so leave now.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

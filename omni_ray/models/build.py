@@ -1,0 +1,201 @@
+"""Build a Hugging Face Llama directory with seeded random bf16 weights and a local tokenizer.
+
+Same shape, seed and tying give byte-identical weights: each tensor draws from its own
+generator seeded by (seed, tensor name). Built models are cached under
+``$OMNI_RAY_CACHE/models`` keyed on exactly that, so a sweep never rebuilds one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from omni_ray import envs
+from omni_ray.errors import UserError
+from omni_ray.models.shapes import SHAPES, Shape
+
+# Bump when the bytes a build writes change for the same (shape, seed, tie).
+BUILDER_VERSION = 1
+STAMP = "omni_model.json"
+INIT_STD = 0.02
+
+
+def get_shape(name: str) -> Shape:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise UserError(f"unknown shape {name!r}; known shapes: {', '.join(SHAPES)}") from None
+
+
+def _tensor_names(shape: Shape, tie: bool) -> dict[str, tuple[int, ...]]:
+    h, d, i = shape.hidden_size, shape.head_dim, shape.intermediate_size
+    names = {"model.embed_tokens.weight": (shape.vocab_size, h)}
+    for layer in range(shape.num_layers):
+        p = f"model.layers.{layer}."
+        names |= {
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (shape.num_heads * d, h),
+            p + "self_attn.k_proj.weight": (shape.num_kv_heads * d, h),
+            p + "self_attn.v_proj.weight": (shape.num_kv_heads * d, h),
+            p + "self_attn.o_proj.weight": (h, shape.num_heads * d),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+    names["model.norm.weight"] = (h,)
+    if not tie:
+        names["lm_head.weight"] = (shape.vocab_size, h)
+    return names
+
+
+def _tensor(name: str, dims: tuple[int, ...], seed: int):
+    import torch
+
+    if name.endswith("norm.weight"):
+        return torch.ones(dims, dtype=torch.bfloat16)
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return (torch.randn(dims, generator=gen, dtype=torch.float32) * INIT_STD).to(torch.bfloat16)
+
+
+def _hf_config(shape: Shape, tie: bool) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": shape.vocab_size,
+        "max_position_embeddings": shape.max_position_embeddings,
+        "rope_theta": shape.rope_theta,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": tie,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "initializer_range": INIT_STD,
+    }
+
+
+def stamp_for(shape: Shape, seed: int, tie: bool) -> dict:
+    return {"builder": "omni-ray make-model", "builder_version": BUILDER_VERSION,
+            "shape": shape.name, "seed": seed, "tie_embeddings": tie,
+            "num_parameters": shape.num_parameters(tie)}
+
+
+def _read_stamp(out: Path) -> dict | None:
+    try:
+        return json.loads((out / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stamp_matches(out: Path, want: dict) -> bool:
+    have = _read_stamp(out)
+    return have is not None and all(have.get(k) == v for k, v in want.items())
+
+
+def _write(shape: Shape, seed: int, tie: bool, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from omni_ray.models.tokenizer import save_tokenizer, train_tokenizer
+
+    tensors = {n: _tensor(n, dims, seed) for n, dims in _tensor_names(shape, tie).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    (out / "config.json").write_text(json.dumps(_hf_config(shape, tie), indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": 0, "do_sample": False}, indent=2))
+    save_tokenizer(train_tokenizer(shape.vocab_size, seed), out, shape.max_position_embeddings)
+    weights_sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    stamp = stamp_for(shape, seed, tie) | {"weights_sha256": weights_sha}
+    (out / STAMP).write_text(json.dumps(stamp, indent=2))
+
+
+def build_model(shape_name: str, out_dir: str | os.PathLike, *, seed: int = 0,
+                tie_embeddings: bool | None = None, force: bool = False) -> Path:
+    """Write the model into ``out_dir`` (skipped when it already holds this exact build)."""
+    shape = get_shape(shape_name)
+    tie = shape.tie_embeddings if tie_embeddings is None else tie_embeddings
+    out = Path(out_dir).expanduser().resolve()
+    want = stamp_for(shape, seed, tie)
+    if not force and _stamp_matches(out, want):
+        return out
+    if out.exists() and any(out.iterdir()) and not force and _read_stamp(out) is None:
+        raise UserError(f"{out}: exists and is not a model made by make-model; "
+                        "choose an empty directory or pass --force")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write the model there: {exc.strerror}") from None
+    try:
+        _write(shape, seed, tie, tmp)
+        tmp.chmod(0o755)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def cached_model_dir(shape_name: str, seed: int = 0, tie_embeddings: bool | None = None) -> Path:
+    shape = get_shape(shape_name)
+    tie = shape.tie_embeddings if tie_embeddings is None else tie_embeddings
+    key = f"{shape.name}-seed{seed}-{'tied' if tie else 'untied'}-v{BUILDER_VERSION}"
+    return envs.cache_dir() / "models" / key
+
+
+def ensure_model(shape_name: str, *, seed: int = 0, tie_embeddings: bool | None = None) -> Path:
+    """The cached model directory for this build, built once (safe across processes)."""
+    out = cached_model_dir(shape_name, seed, tie_embeddings)
+    with _lock(out.with_suffix(".lock")):
+        return build_model(shape_name, out, seed=seed, tie_embeddings=tie_embeddings)
+
+
+def check_model_dir(path: str | os.PathLike, what: str = "model") -> Path:
+    """A local HF model directory, validated enough to fail early with a one-line message."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise UserError(f"{what}: {p}: no such directory")
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise UserError(f"{what}: {p}: not a Hugging Face model directory (no config.json)")
+    try:
+        json.loads(cfg.read_text())
+    except ValueError as exc:
+        raise UserError(f"{what}: {cfg}: malformed JSON: {exc}") from None
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise UserError(f"{what}: {p}: no weights (*.safetensors or *.bin)")
+    return p.resolve()
+
+
+def resolve_model(model: str) -> Path:
+    """A shape name becomes its cached build; anything else must be a model directory."""
+    if model in SHAPES:
+        return ensure_model(model)
+    return check_model_dir(model)

@@ -1,0 +1,85 @@
+"""Each vllm_omni patch, proven on real vLLM: it changes what it claims, and stops if disabled.
+
+Every case runs a fresh engine process on a synthetic model (in-process vLLM unless the case is
+about vLLM's own multiprocessing), so the plugin entry point, not this test, applies the patches.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_ray.engine.budget import kv_bytes_per_token
+
+pytestmark = pytest.mark.integration
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def kv_tokens(result) -> int:
+    return result["measurements"]["kv_cache_tokens"]
+
+
+def test_explicit_kv_budget_wins_over_the_environment(run_arm, tiny_model):
+    per_token = kv_bytes_per_token(tiny_model)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    on = run_arm(tiny_model, stage={"kv_cache_mib": 64, "env": env})
+    off = run_arm(tiny_model, stage={"kv_cache_mib": 64, "env": env,
+                                     "disable_patches": ["kv_budget"]})
+    assert kv_tokens(on) == 64 * MiB // per_token
+    assert on["log"]["kv_explicit_kept"] >= 1
+    assert kv_tokens(off) == GiB // per_token  # stock vLLM: the variable wins
+    assert on["patch_report"]["kv_budget"]["applied"] is True
+    assert off["patch_report"]["kv_budget"] == {
+        "applied": False, "reason": "disabled by VLLM_OMNI_DISABLE_KV_BUDGET=1",
+        "target": "vllm.platforms.cpu.CpuPlatform.check_and_update_config"}
+
+
+def test_empty_kvcache_space_is_treated_as_unset(run_arm, tiny_model):
+    empty = {"VLLM_CPU_KVCACHE_SPACE": ""}
+    on = run_arm(tiny_model, stage={"kv_cache_mib": 32, "env": empty})
+    assert kv_tokens(on) == 32 * MiB // kv_bytes_per_token(tiny_model)
+    off = run_arm(tiny_model, stage={"kv_cache_mib": 32, "env": empty,
+                                     "disable_patches": ["kv_budget"]}, expect="failed")
+    assert "invalid literal for int()" in off["stderr_tail"]
+
+
+def test_kv_budget_patch_in_vllm_multiprocessing_mode(run_arm, tiny_model):
+    """vLLM's default mode: EngineCore is a child process, and the budget still holds."""
+    r = run_arm(tiny_model, stage={"kv_cache_mib": 48, "multiprocessing": True,
+                                   "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+    assert kv_tokens(r) == 48 * MiB // kv_bytes_per_token(tiny_model)
+    assert len(r["measurements"]["engine_pids"]) > 1
+    # The release-memory patch ran inside the EngineCore child, i.e. the plugin loaded there.
+    trim_pids = {e["pid"] for e in r["log"]["malloc_trim"]}
+    assert trim_pids and trim_pids.isdisjoint({r["measurements"]["engine_pids"][0]})
+
+
+def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
+    cache = tmp_path / "vllm-cache"
+    compiled = {"enforce_eager": False}
+    wl = {"prompt_len": 16, "output_len": 8, "batch": 1, "warmup": 0, "repeats": 1}
+    cold = run_arm(tiny_model, stage=compiled, workload=wl, cache_dir=cache)
+    warm = run_arm(tiny_model, stage=compiled, workload=wl, cache_dir=cache)
+    stock = run_arm(tiny_model, stage=compiled | {"disable_patches": ["aot_cache"]},
+                    workload=wl, cache_dir=cache)
+    assert cold["log"]["aot_loaded"] == 0
+    assert warm["log"]["aot_loaded"] >= 1 and warm["log"]["aot_load_failed"] == 0
+    assert stock["log"]["aot_load_failed"] >= 1 and stock["log"]["aot_loaded"] == 0
+    # The loaded artifact computes what the compiled one did.
+    m = [r["measurements"] for r in (cold, warm, stock)]
+    assert m[0]["output_token_ids"] == m[1]["output_token_ids"] == m[2]["output_token_ids"]
+    print(f"\nengine init: cold {m[0]['init_s']:.1f} s, warm with patch {m[1]['init_s']:.1f} s, "
+          f"warm without {m[2]['init_s']:.1f} s")
+    assert m[1]["init_s"] < m[2]["init_s"]
+
+
+def test_release_memory_after_load(run_arm, small_model):
+    on = run_arm(small_model)
+    off = run_arm(small_model, stage={"disable_patches": ["release_memory"]})
+    load = [e for e in on["log"]["malloc_trim"] if e["step"] == "load_model"]
+    assert len(load) == 1 and load[0]["released_mb"] > 4, on["log"]["malloc_trim"]
+    assert off["log"]["malloc_trim"] == []
+    rss_on = on["measurements"]["rss_anon_tree_mb"]
+    rss_off = off["measurements"]["rss_anon_tree_mb"]
+    print(f"\nsmall: released {load[0]['released_mb']} MiB at load; settled RssAnon "
+          f"{rss_on:.1f} MiB with the patch, {rss_off:.1f} MiB without")
+    assert rss_on < rss_off
