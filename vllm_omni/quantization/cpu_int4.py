@@ -85,7 +85,8 @@ class CpuInt4Config(QuantizationConfig):
             raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
                                  f"got {row_threshold!r}")
         ignored = list(ignored_modules or [])
-        if not all(isinstance(m, str) for m in ignored):
+        if not isinstance(ignored_modules, (list, tuple, type(None))) \
+                or not all(isinstance(m, str) for m in ignored):
             raise OmniInputError(f"quantization_config.ignored_modules: must be a list of "
                                  f"module names, got {ignored_modules!r}")
         self.group_size = group_size

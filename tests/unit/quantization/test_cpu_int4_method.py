@@ -1,0 +1,158 @@
+"""The vLLM method without an engine: config validation, registration, bad checkpoints."""
+
+import pytest
+import torch
+
+from vllm_omni.errors import OmniInputError
+from vllm_omni.quantization import cpu_int4, grid
+
+H = 256
+
+
+@pytest.fixture(autouse=True)
+def _single_rank(monkeypatch):
+    """vLLM parameters read the tensor-parallel rank at construction; no group exists here."""
+    import vllm.model_executor.parameter as p
+
+    monkeypatch.setattr(p, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(p, "get_tensor_model_parallel_world_size", lambda: 1)
+
+
+def _copy_loader(param, loaded_weight, *args, **kwargs):
+    shard = args[0] if args else None
+    if shard is None:
+        param.data.copy_(loaded_weight)
+    else:
+        idx = {"q": 0, "k": 1, "v": 2}[shard]
+        offs = [0, 256, 384, 512]
+        param.data[offs[idx]:offs[idx + 1]].copy_(loaded_weight)
+
+
+class FakeQKV(torch.nn.Module):
+    """What the method reads from vLLM's QKVParallelLinear."""
+
+    def __init__(self, prefix):
+        super().__init__()
+        self.prefix, self.input_size, self.output_size = prefix, H, 512
+        self.output_sizes = [256, 128, 128]
+
+
+def _qkv(config=None, prefix="model.layers.1.self_attn.qkv_proj"):
+    config = config or cpu_int4.CpuInt4Config.from_config({"group_size": 128})
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    layer = FakeQKV(prefix)
+    method = cpu_int4.CpuInt4LinearMethod(config, prefix)
+    method.create_weights(layer, H, [256, 128, 128], H, 512, torch.bfloat16,
+                          weight_loader=_copy_loader)
+    return layer, method
+
+
+def _load(layer, shard, rows, drop=(), **override):
+    qw = grid.quantize(torch.randn(rows, H).bfloat16(), 128)
+    tensors = {grid.PACKED: qw.packed, grid.SCALE: qw.scale, grid.ZERO: qw.zero, **override}
+    for name, t in tensors.items():
+        if name not in drop:
+            p = getattr(layer, name)
+            p.weight_loader(p, t, shard)
+
+
+def test_qkv_loads_repacks_and_frees_checkpoint_tensors():
+    layer, method = _qkv()
+    for shard, rows in (("q", 256), ("k", 128), ("v", 128)):
+        _load(layer, shard, rows)
+    method.process_weights_after_loading(layer)
+    names = {n for n, _ in layer.named_parameters()}
+    assert names == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
+    y = method.apply(layer, torch.randn(3, H).bfloat16())
+    assert y.shape == (3, 512)
+
+
+def test_missing_tensor_names_layer_and_tensor():
+    layer, method = _qkv()
+    _load(layer, "q", 256)
+    _load(layer, "k", 128, drop=(grid.SCALE,))
+    _load(layer, "v", 128)
+    with pytest.raises(OmniInputError, match=r"model\.layers\.1\.self_attn\.k_proj: "
+                                             r"weight_scale is missing"):
+        method.process_weights_after_loading(layer)
+
+
+def test_missing_shard_names_it():
+    layer, method = _qkv()
+    _load(layer, "q", 256)
+    _load(layer, "k", 128)
+    with pytest.raises(OmniInputError, match=r"model\.layers\.1\.self_attn\.v_proj: "
+                                             r"weight_packed is missing"):
+        method.process_weights_after_loading(layer)
+
+
+def test_wrong_shape_names_layer_and_tensor():
+    layer, _ = _qkv()
+    with pytest.raises(OmniInputError, match=r"model\.layers\.1\.self_attn\.k_proj: "
+                                             r"weight_zero has shape \(128, 4\)"):
+        _load(layer, "k", 128, **{grid.ZERO: torch.zeros(128, 4, dtype=torch.bfloat16)})
+
+
+def test_wrong_dtype_names_layer_and_tensor():
+    layer, _ = _qkv()
+    with pytest.raises(OmniInputError, match=r"model\.layers\.1\.self_attn\.q_proj: "
+                                             r"weight_packed has dtype torch\.int32"):
+        _load(layer, "q", 256, **{grid.PACKED: torch.zeros(256, H // 2, dtype=torch.int32)})
+
+
+def test_quantized_checkpoint_with_unsupported_layer_not_ignored_is_rejected():
+    config = cpu_int4.CpuInt4Config.from_config({"group_size": 128})
+    layer = FakeQKV("model.layers.0.mlp.odd")
+    layer.output_sizes = [24]
+    method = cpu_int4.CpuInt4LinearMethod(config, "model.layers.0.mlp.odd")
+    with pytest.raises(OmniInputError, match=r"model\.layers\.0\.mlp\.odd: .*N=24"):
+        method.create_weights(layer, H, [24], H, 24, torch.bfloat16, weight_loader=_copy_loader)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"group_size": 96}, r"group_size: must be one of \[32, 64, 128\], got 96"),
+    ({"row_threshold": -1}, r"row_threshold: must be an int >= 0, got -1"),
+    ({"ignored_modules": "lm_head"}, r"ignored_modules"),
+    ({"quant_method": "awq"}, r"quant_method: expected 'cpu_int4', got 'awq'"),
+    ({"grup_size": 64}, r"unknown field\(s\) \['grup_size'\]"),
+])
+def test_config_errors_name_the_field(cfg, match):
+    with pytest.raises(OmniInputError, match=match):
+        cpu_int4.CpuInt4Config.from_config(cfg)
+
+
+def test_config_round_trip_and_defaults():
+    d = {"quant_method": "cpu_int4", "group_size": 64, "ignored_modules": ["lm_head"],
+         "row_threshold": 7}
+    c = cpu_int4.CpuInt4Config.from_config(d)
+    assert c.to_dict() == d and c.checkpoint_quantized
+    at_load = cpu_int4.CpuInt4Config()
+    assert not at_load.checkpoint_quantized and at_load.get_config_filenames() == []
+    assert at_load.row_threshold == cpu_int4.DEFAULT_ROW_THRESHOLD
+
+
+def test_partly_ignored_fused_layer_is_rejected():
+    c = cpu_int4.CpuInt4Config.from_config({"ignored_modules": ["model.layers.0.mlp.up_proj"]})
+    c.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
+    with pytest.raises(OmniInputError, match=r"model\.layers\.0\.mlp\.gate_up_proj"):
+        c.is_ignored("model.layers.0.mlp.gate_up_proj")
+    c.ignored_modules.append("model.layers.0.mlp.gate_proj")
+    assert c.is_ignored("model.layers.0.mlp.gate_up_proj")
+
+
+def test_register_is_idempotent_and_uses_weight_loader_v2():
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    cpu_int4.register()
+    cpu_int4.register()
+    assert cpu_int4.is_registered()
+    assert get_quantization_config("cpu_int4") is cpu_int4.CpuInt4Config
+    assert linear.WEIGHT_LOADER_V2_SUPPORTED.count("CpuInt4LinearMethod") == 1
+
+
+def test_config_pickles():
+    import pickle
+
+    c = cpu_int4.CpuInt4Config.from_config({"group_size": 32, "row_threshold": 9})
+    assert pickle.loads(pickle.dumps(c)).to_dict() == c.to_dict()
