@@ -51,7 +51,7 @@ def engine_env(req: dict) -> dict[str, str]:
 def engine_kwargs(req: dict) -> dict:
     stage = req["stage"]
     kwargs = dict(
-        model=req["model_path"],
+        model=req["model_path"],  # resolved by run() from req["model"]
         dtype=stage.get("dtype", "bfloat16"),
         kv_cache_memory_bytes=int(stage["kv_cache_mib"]) * MiB,
         max_model_len=stage.get("max_model_len", 1024),
@@ -121,7 +121,10 @@ def run(req: dict) -> dict:
     """Everything after the environment is set; returns the result dict."""
     import psutil
 
+    from omni_ray.models.build import resolve_model
+
     me = psutil.Process()
+    req = dict(req, model_path=str(resolve_model(req["model"])))
     cpus, node = req.get("cpus"), req.get("node")
     pinning: dict = {"requested_cpus": cpus, "node": node}
     if cpus:
@@ -169,8 +172,20 @@ def run(req: dict) -> dict:
             "memory": sampler.to_dict()}
 
 
+def die_with_parent() -> None:
+    """SIGKILL this engine when the process that launched it (the stage actor) dies."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    die_with_parent()
     req_path, out_path = argv
     with open(req_path) as f:
         req = json.load(f)

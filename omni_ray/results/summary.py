@@ -201,6 +201,7 @@ def _cell(s: dict | None) -> str:
 def to_markdown(summary: dict) -> str:
     """Arm x metric table of "median (spread%)", a flags column, then the notes."""
     metrics = summary["metrics"]
+    labels = summary.get("labels") or {}
     lines = ["| arm | " + " | ".join(metrics) + " | n | flags |",
              "|---|" + "---:|" * len(metrics) + "---:|---|"]
     for arm_id, entry in summary["arms"].items():
@@ -221,7 +222,8 @@ def to_markdown(summary: dict) -> str:
         ns = sorted({s["n"] for s in entry["metrics"].values() if s})
         n_text = "/".join(map(str, ns)) if ns else "0"
         cells = [_cell(entry["metrics"].get(m)) for m in metrics]
-        lines.append(f"| {arm_id} | " + " | ".join(cells) + f" | {n_text} | "
+        name = f"{labels[arm_id]} ({arm_id})" if arm_id in labels else arm_id
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {n_text} | "
                      + ", ".join(arm_flags) + " |")
     out = "\n".join(lines) + "\n"
     legend = (f"\nCells: median (spread = (max - min) / median); NOISY: spread > "

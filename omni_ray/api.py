@@ -1,0 +1,150 @@
+"""The Python API: what the CLI calls and what users and tests call.
+
+    import omni_ray
+    report = omni_ray.run_sweep("configs/smoke.yaml", out="results")
+    print(report.failed, report.summaries["smoke"]["arms"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from omni_ray.config import Arm, SweepConfig, expand, load_sweeps, sweep_from_dict
+from omni_ray.errors import UserError
+
+METRICS = ("ready_s", "init_s", "import_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
+           "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "ttft_s", "prefill_tok_s",
+           "decode_tok_s", "kv_cache_tokens")
+
+SweepInput = str | os.PathLike | SweepConfig | dict | Sequence[str | os.PathLike | SweepConfig]
+
+
+@dataclasses.dataclass
+class SweepReport:
+    run_id: str
+    out_dirs: dict[str, Path]
+    arms: list[Arm]
+    records: list[dict]
+    summaries: dict[str, dict]
+    skipped: int = 0
+    refused: str | None = None
+    dashboard_url: str | None = None
+
+    @property
+    def failed(self) -> int:
+        return sum(r["status"] != "ok" for r in self.records)
+
+
+def load_sweep(config_or_paths: SweepInput) -> list[SweepConfig]:
+    """Parse and validate without running anything: one SweepConfig per file or dict."""
+    items = config_or_paths
+    if isinstance(items, (str, os.PathLike, SweepConfig, dict)):
+        items = [items]
+    paths = [p for p in items if isinstance(p, (str, os.PathLike))]
+    out = load_sweeps(paths) if paths else []
+    out += [s for s in items if isinstance(s, SweepConfig)]
+    out += [sweep_from_dict(d) for d in items if isinstance(d, dict)]
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise UserError(f"two sweeps are named the same: {sorted(names)}")
+    return out
+
+
+def _run_dir(root: Path, sweep: str, run_id: str, resume: bool) -> Path:
+    base = root / sweep
+    if resume and base.is_dir():
+        earlier = sorted(p for p in base.iterdir() if p.is_dir())
+        if earlier:
+            return earlier[-1]
+    return base / run_id
+
+
+def _records_in(out_dir: Path) -> list[dict]:
+    from omni_ray.results.record import upgrade
+    from omni_ray.results.store import read_json
+
+    return [upgrade(read_json(p), source=str(p)) for p in sorted(out_dir.glob("*.p*.json"))]
+
+
+def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dict:
+    from omni_ray.results.store import write_json_atomic, write_text_atomic
+    from omni_ray.results.summary import summarize_arms, to_csv, to_markdown
+
+    summary = summarize_arms(_records_in(out_dir), list(METRICS),
+                             noise_pct=sweep.noise.spread_pct)
+    summary["sweep"] = sweep.name
+    summary["labels"] = {a.id: a.label for a in arms}
+    write_json_atomic(out_dir / "summary.json", summary)
+    write_text_atomic(out_dir / "summary.csv", to_csv(summary))
+    write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary))
+    return summary
+
+
+def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
+              out: str | os.PathLike | None = None, resume: bool = False,
+              passes: int | None = None, dry_run: bool = False, allow_busy: bool = False,
+              progress: bool = False, stream=None) -> SweepReport:
+    """Run sweeps on every free slot of a local Ray (started here) or of ``address``."""
+    sweeps = load_sweep(config_or_paths)
+    if passes is not None and passes < 1:
+        raise UserError(f"--passes: must be >= 1, got {passes}")
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    root = Path(out if out is not None else "results")
+    planned = [(s, expand(s), _run_dir(root, s.name, run_id, resume)) for s in sweeps]
+    arms = [a for _s, sweep_arms, _o in planned for a in sweep_arms]
+    report = SweepReport(run_id, {s.name: o for s, _a, o in planned}, arms, [], {})
+    stream = stream or sys.stdout
+    if dry_run:
+        from omni_ray.cli.display import print_plan
+
+        print_plan(planned, passes, stream)
+        return report
+
+    import ray
+
+    from omni_ray.cli.display import Progress
+    from omni_ray.placement import cluster
+    from omni_ray.placement.coordinator import (
+        Coordinator, Events, already_done, budget_problem, host_lock, plan_tasks)
+
+    groups = plan_tasks(planned, passes)
+    todo = {size: [t for t in tasks if not (resume and already_done(t))]
+            for size, tasks in groups.items()}
+    report.skipped = sum(len(t) for t in groups.values()) - sum(len(t) for t in todo.values())
+    display = Progress(stream, enabled=progress)
+    owns_ray = not ray.is_initialized()
+    with host_lock():
+        ctx = cluster.connect(address, list(groups), None)
+        report.dashboard_url = getattr(ctx, "dashboard_url", None)
+        coord = Coordinator(run_id=run_id, allow_busy=allow_busy,
+                            events=Events(on_dispatch=display.dispatch,
+                                          on_record=display.record))
+        display.start(sum(len(t) for t in todo.values()), report.skipped, report.dashboard_url)
+        try:
+            for size, tasks in todo.items():
+                runnable = []
+                for task in tasks:
+                    problem = budget_problem(task.arm)
+                    if problem:
+                        coord._fail_now(task, problem)
+                    else:
+                        runnable.append(task)
+                if runnable:
+                    coord.run_group(runnable, size)
+                if coord.refused:
+                    break
+        finally:
+            report.records = coord.records
+            report.refused = coord.refused
+            for sweep, sweep_arms, out_dir in planned:
+                if out_dir.is_dir():
+                    report.summaries[sweep.name] = write_summary(sweep, sweep_arms, out_dir)
+            if owns_ray and address is None:
+                ray.shutdown()
+    display.finish(report)
+    return report

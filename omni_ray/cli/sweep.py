@@ -1,0 +1,31 @@
+"""omni-ray sweep FILE [FILE ...]: run sweep files across every free slot of every socket."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", help="sweep YAML files (together they form one run)")
+    p.add_argument("--address", default=None,
+                   help="an existing Ray cluster (auto or HOST:PORT); default: start a local one")
+    p.add_argument("--out", default="results", help="results root (default: results)")
+    p.add_argument("--passes", type=int, default=None, help="override every sweep's passes")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the latest run: skip arm passes already recorded ok")
+    p.add_argument("--dry-run", action="store_true", help="print the arms and slots; run nothing")
+    p.add_argument("--allow-busy", action="store_true",
+                   help="run on busy slots anyway; results are marked contended")
+
+
+def run(args: argparse.Namespace) -> int:
+    from omni_ray.api import run_sweep
+
+    report = run_sweep(args.files, address=args.address, out=args.out, resume=args.resume,
+                       passes=args.passes, dry_run=args.dry_run, allow_busy=args.allow_busy,
+                       progress=True)
+    if args.dry_run:
+        return 0
+    if report.refused:
+        return 1
+    return 1 if report.failed else 0

@@ -1,0 +1,81 @@
+"""The stage actor: holds one slot, pinned there, and runs one arm's engine in a fresh process.
+
+The actor pins every one of its threads to the slot's CPUs and binds its memory to the slot's
+node before it starts anything, so the engine process it launches (and vLLM's EngineCore and
+workers under it) inherit both; the engine runner pins again and reads the result back from
+every thread of its tree. One actor per arm and pass, named for the dashboard.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import ray
+
+from omni_ray.engine.launch import launch_arm
+from omni_ray.measure.cpuload import check_idle
+from omni_ray.measure.pinning import bind_memory, pin_all_threads
+from omni_ray.measure.sampler import tree_rss
+from omni_ray.placement.cluster import local_slots
+
+METRIC_TAGS = ("sweep", "arm", "slot")
+
+
+def actor_name(sweep: str, arm_id: str, pass_no: int, slot: str) -> str:
+    return f"omni-stage:{sweep}:{arm_id}:p{pass_no}:{slot}"
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)
+class StageActor:
+    def __init__(self, slot_name: str, slot_cores: int | None, tags: dict[str, str]) -> None:
+        from ray.util.metrics import Gauge
+
+        by_name = {s.name: s for s in local_slots(slot_cores)}
+        self.slot = by_name[slot_name]
+        self.tags = tags
+        pin_all_threads(self.slot.cpus)
+        self.membind = bind_memory(self.slot.node).to_dict()
+        self._rss = Gauge("omni_stage_rss_anon_mb", "RssAnon of the stage's engine tree (MiB)",
+                          tag_keys=METRIC_TAGS)
+        self._tok_s = Gauge("omni_stage_decode_tok_s", "decode tokens/s of the last arm",
+                            tag_keys=METRIC_TAGS)
+        self._last_poll = 0.0
+        self._engine_pid: int | None = None
+
+    def where(self) -> dict:
+        return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
+                "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind}
+
+    def _poll(self, pid: int) -> None:
+        self._engine_pid = pid
+        now = time.monotonic()
+        if now - self._last_poll >= 1.0:
+            self._last_poll = now
+            self._rss.set(tree_rss(pid)[0], tags=self.tags)
+
+    def preflight(self, window_s: float = 0.5) -> dict:
+        return check_idle(self.slot.cpus, window_s).to_dict()
+
+    def run(self, req: dict, workdir: str, name: str, timeout_s: float,
+            warm_start: bool) -> dict:
+        req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node)
+        result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
+                            warm_start=warm_start, on_poll=self._poll)
+        tok_s = result.get("measurements", {}).get("decode_tok_s")
+        if tok_s is not None:
+            self._tok_s.set(tok_s, tags=self.tags)
+        self._engine_pid = None
+        return result
+
+    def stop(self) -> None:
+        """Kill the running engine's process group (Ctrl-C of the sweep)."""
+        import signal
+
+        if self._engine_pid is not None:
+            try:
+                os.killpg(self._engine_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

