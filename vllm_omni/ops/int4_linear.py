@@ -58,8 +58,27 @@ def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: to
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 
+EMBEDDING_OP_NAME = "cpu_int4_embedding"
+
+
+def cpu_int4_embedding(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                       k: int) -> torch.Tensor:
+    """Rows ``ids`` of the packed weight, dequantized: ids [...] -> bf16 [..., K].
+
+    Also an opaque op: the lookup finds the pack layout at run time, which dynamo cannot trace.
+    """
+    rows = int4_pack.dequantize_rows(packed, scales_zeros, ids, k)
+    return rows.view(*ids.shape, k)
+
+
+def cpu_int4_embedding_fake(ids: torch.Tensor, packed: torch.Tensor,
+                            scales_zeros: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.empty((*ids.shape, k), dtype=torch.bfloat16, device=ids.device)
+
+
 def registered() -> bool:
-    return hasattr(getattr(torch.ops, NAMESPACE), OP_NAME)
+    ns = getattr(torch.ops, NAMESPACE)
+    return hasattr(ns, OP_NAME) and hasattr(ns, EMBEDDING_OP_NAME)
 
 
 def request_amx() -> bool:
@@ -86,9 +105,17 @@ def register() -> None:
         direct_register_custom_op(OP_NAME, cpu_int4_linear, mutates_args=[],
                                   fake_impl=cpu_int4_linear_fake, target_lib=_LIB,
                                   dispatch_key="CPU")
+        direct_register_custom_op(EMBEDDING_OP_NAME, cpu_int4_embedding, mutates_args=[],
+                                  fake_impl=cpu_int4_embedding_fake, target_lib=_LIB,
+                                  dispatch_key="CPU")
 
 
 def op():
-    """The registered op (registering it on first use)."""
+    """The registered linear op (registering the ops on first use)."""
     register()
     return getattr(getattr(torch.ops, NAMESPACE), OP_NAME)
+
+
+def embedding_op():
+    register()
+    return getattr(getattr(torch.ops, NAMESPACE), EMBEDDING_OP_NAME)

@@ -205,6 +205,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        int4_linear.register()  # normally done by the plugin already; apply() needs the ops
         cfg = self.config
         g = cfg.group_size
         n, k = sum(output_partition_sizes), input_size_per_partition
@@ -349,16 +350,16 @@ class CpuInt4LinearMethod(LinearMethodBase):
               bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.cpu_int4.dense:
             return F.linear(x, layer.weight, bias)
-        return int4_linear.op()(x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS),
-                                self.config.group_size, self.config.row_threshold, bias)
+        # The op itself, not int4_linear.op(): registration takes a lock dynamo cannot trace.
+        return torch.ops.vllm_omni.cpu_int4_linear(
+            x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), self.config.group_size,
+            self.config.row_threshold, bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         if layer.cpu_int4.dense:
             return F.embedding(input_, layer.weight)
-        k = layer.cpu_int4.k
-        rows = int4_pack.dequantize_rows(getattr(layer, PACK), getattr(layer, SCALES_ZEROS),
-                                         input_, k)
-        return rows.view(*input_.shape, k)
+        return torch.ops.vllm_omni.cpu_int4_embedding(
+            input_, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), layer.cpu_int4.k)
 
 
 _register_lock = threading.Lock()
