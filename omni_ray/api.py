@@ -88,7 +88,7 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
 def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
               out: str | os.PathLike | None = None, resume: bool = False,
               passes: int | None = None, dry_run: bool = False, allow_busy: bool = False,
-              progress: bool = False, stream=None) -> SweepReport:
+              busy_wait_s: float = 30.0, progress: bool = False, stream=None) -> SweepReport:
     """Run sweeps on every free slot of a local Ray (started here) or of ``address``."""
     sweeps = load_sweep(config_or_paths)
     if passes is not None and passes < 1:
@@ -121,7 +121,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     with host_lock():
         ctx = cluster.connect(address, list(groups), None)
         report.dashboard_url = getattr(ctx, "dashboard_url", None)
-        coord = Coordinator(run_id=run_id, allow_busy=allow_busy,
+        coord = Coordinator(run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
                             events=Events(on_dispatch=display.dispatch,
                                           on_record=display.record))
         display.start(sum(len(t) for t in todo.values()), report.skipped, report.dashboard_url)

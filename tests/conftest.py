@@ -29,7 +29,7 @@ def run_arm(tmp_path):
     def run(model, *, stage=None, workload=None, expect="ok", cache_dir=None, timeout_s=300,
             **req):
         name = f"arm{next(counter)}"
-        request = {"model_path": str(model),
+        request = {"model": str(model),
                    "stage": {"kv_cache_mib": 64, "max_model_len": 256} | (stage or {}),
                    "workload": workload} | req
         if cache_dir is not None:  # a compile cache shared between starts, kept by the caller

@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the arms and slots; run nothing")
     p.add_argument("--allow-busy", action="store_true",
                    help="run on busy slots anyway; results are marked contended")
+    p.add_argument("--busy-wait", type=float, default=30.0, metavar="S",
+                   help="how long to wait for a busy slot before refusing (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_sweep(args.files, address=args.address, out=args.out, resume=args.resume,
                        passes=args.passes, dry_run=args.dry_run, allow_busy=args.allow_busy,
+                       busy_wait_s=args.busy_wait,
                        progress=True)
     if args.dry_run:
         return 0

@@ -70,6 +70,7 @@ def run_engine(req: dict, workdir: Path, name: str, *, timeout_s: float,
         proc = subprocess.Popen(
             [sys.executable, "-m", "omni_ray.engine.runner", str(req_path), str(out_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},  # a killed engine still leaves its log
             start_new_session=True)
         status = None
         while proc.poll() is None:

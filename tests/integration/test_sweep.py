@@ -1,0 +1,172 @@
+"""Sweeps end to end on a real local Ray and real vLLM engines (tiny synthetic model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import omni_ray
+from omni_ray.engine.budget import kv_bytes_per_token
+from omni_ray.models.build import ensure_model
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (run_sweep uses it and leaves it running)."""
+    import ray
+
+    from omni_ray.placement.cluster import connect
+
+    connect(None, [1, None])
+    yield
+    ray.shutdown()
+
+
+def sweep(name: str, **fields) -> dict:
+    base = {"name": name, "model": "tiny", "passes": 1, "timeout_s": 240,
+            "placement": {"slot_cores": 1},
+            "stage": {"kv_cache_mib": 32, "max_model_len": 256},
+            "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}}
+    for key, value in fields.items():
+        base[key] = base[key] | value if isinstance(value, dict) and key in base else value
+    return base
+
+
+def overlaps(a: dict, b: dict) -> bool:
+    return a["timing"]["dispatched"] < b["timing"]["ended"] and \
+        b["timing"]["dispatched"] < a["timing"]["ended"]
+
+
+def test_four_arms_on_two_one_core_slots(local_ray, tmp_path):
+    cfg = sweep("four", matrix={"kv_cache_mib": [32, 64], "multiprocessing": [False, True]})
+    report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    recs = report.records
+    assert len(recs) == 4 and report.failed == 0, [r.get("error") for r in recs]
+    per_token = kv_bytes_per_token(ensure_model("tiny"))
+    for r in recs:
+        m, slot = r["measurements"], r["slot"]["slot"]
+        assert m["kv_cache_tokens"] == r["config"]["stage"]["kv_cache_mib"] * MiB // per_token
+        # every thread of every process of the stage's tree stayed on the slot's one core
+        assert r["pinning"]["violations"] == []
+        assert r["pinning"]["allowed_cpus"] == slot["cpus"] and len(slot["cpus"]) == 1
+        if r["config"]["stage"]["multiprocessing"]:  # EngineCore child: the tree sees it
+            assert len(m["engine_pids"]) > 1
+            assert m["rss_anon_tree_mb"] > m["rss_anon_mb"] + 100
+    assert {r["slot"]["slot"]["name"] for r in recs} == {"n0s0", "n0s1"}
+    # two at a time: some pair ran at overlapping times, on different cores
+    pairs = [(a, b) for i, a in enumerate(recs) for b in recs[i + 1:] if overlaps(a, b)]
+    assert pairs and all(a["slot"]["slot"]["cpus"] != b["slot"]["slot"]["cpus"] for a, b in pairs)
+    out = report.out_dirs["four"]
+    assert sorted(p.name for p in out.glob("*.p1.json")) == sorted(
+        f"{a.id}.p1.json" for a in report.arms)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["arms"]) == {a.id for a in report.arms}
+    assert (out / "summary.md").read_text().count("SINGLE PASS") >= 4
+
+
+def test_impossible_budgets_fail_as_records_and_the_rest_runs(local_ray, tmp_path):
+    cfg = sweep("budgets", stage={"max_model_len": 2048},
+                workload={"prompt_len": 16, "output_len": 8},
+                matrix={"kv_cache_mib": [1, 64, 10_000_000]})
+    report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    by_mib = {r["config"]["stage"]["kv_cache_mib"]: r for r in report.records}
+    assert by_mib[64]["status"] == "ok"
+    assert by_mib[1]["status"] == "failed"
+    assert "fewer than one sequence of max_model_len=2048" in by_mib[1]["error"]
+    assert by_mib[10_000_000]["status"] == "failed"
+    assert "more than the node's available memory" in by_mib[10_000_000]["error"]
+    assert report.failed == 2
+
+
+def _kill_engine_when_up(stop: threading.Event, killed: list) -> None:
+    while not stop.is_set():
+        for p in psutil.process_iter(["cmdline", "create_time"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "omni_ray.engine.runner" in cmd and time.time() - p.info["create_time"] > 8:
+                p.kill()
+                killed.append(p.pid)
+                return
+        time.sleep(0.2)
+
+
+def test_a_killed_engine_is_a_failed_record_and_its_actor_is_gone(local_ray, tmp_path):
+    import ray
+    from ray.util.state import list_actors
+
+    stop, killed = threading.Event(), []
+    t = threading.Thread(target=_kill_engine_when_up, args=(stop, killed), daemon=True)
+    t.start()
+    try:
+        report = omni_ray.run_sweep(sweep("killed"), out=tmp_path, allow_busy=True)
+    finally:
+        stop.set()
+    (rec,) = report.records
+    assert killed and rec["status"] == "failed"
+    assert "killed by SIGKILL" in rec["error"] and rec["stderr_tail"]
+    time.sleep(1)
+    alive = [a.name for a in list_actors(filters=[("state", "=", "ALIVE")])
+             if (a.name or "").startswith("omni-stage:killed")]
+    assert alive == [] and ray.is_initialized()
+
+
+def test_a_busy_slot_is_refused_or_run_marked_contended(local_ray, tmp_path):
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                           preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+    try:
+        cfg = sweep("busy", placement={"slot_cores": None})  # the whole node: CPUs 0 and 1
+        refused = omni_ray.run_sweep(cfg, out=tmp_path, busy_wait_s=1.0)
+        assert refused.records == [] and "cpu1" in refused.refused
+        ran = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True, busy_wait_s=1.0)
+    finally:
+        hog.kill()
+    (rec,) = ran.records
+    assert rec["status"] == "ok" and rec["contended"] is True
+    summary = ran.summaries["busy"]
+    assert "CONTENDED" in json.dumps(summary)
+
+
+def test_dry_run_starts_nothing(tmp_path):
+    cfg = tmp_path / "dry.yaml"
+    cfg.write_text("name: dry\nmodel: tiny\nstage: {kv_cache_mib: 32}\n"
+                   "matrix: {batch: [1, 2, 4]}\n")
+    out = subprocess.run([sys.executable, "-m", "omni_ray.cli", "sweep", str(cfg), "--dry-run",
+                          "--out", str(tmp_path / "res")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("batch=") == 3 and "nothing was started" in out.stdout
+    assert not (tmp_path / "res").exists()
+
+
+def test_interrupted_run_resumes_without_losing_a_result(local_ray, tmp_path):
+    cfg = tmp_path / "resume.yaml"
+    cfg.write_text(json.dumps(sweep("resume", matrix={"batch": [1, 2, 3, 4]})))
+    res = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "omni_ray.cli", "sweep", str(cfg),
+                             "--out", str(res), "--allow-busy"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not list(res.glob("resume/*/*.p1.json")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    proc.communicate(timeout=120)
+    first = {p.name: p.read_bytes() for p in res.glob("resume/*/*.p1.json")}
+    assert 1 <= len(first) < 4, proc.returncode
+    report = omni_ray.run_sweep(str(cfg), out=res, resume=True, allow_busy=True)
+    assert report.skipped == sum(json.loads(b)["status"] == "ok" for b in first.values())
+    final = {p.name: p.read_bytes() for p in res.glob("resume/*/*.p1.json")}
+    assert len(final) == 4
+    for name, data in first.items():  # nothing finished before the interrupt was lost or redone
+        if json.loads(data)["status"] == "ok":
+            assert final[name] == data
