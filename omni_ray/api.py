@@ -119,14 +119,14 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     display = Progress(stream, enabled=progress)
     owns_ray = not ray.is_initialized()
     with host_lock():
-        ctx = cluster.connect(address, list(groups), None)
+        ctx = cluster.connect(address, list(dict.fromkeys(g.slot_cores for g in groups)))
         report.dashboard_url = getattr(ctx, "dashboard_url", None)
         coord = Coordinator(run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
                             events=Events(on_dispatch=display.dispatch,
                                           on_record=display.record))
         display.start(sum(len(t) for t in todo.values()), report.skipped, report.dashboard_url)
         try:
-            for size, tasks in todo.items():
+            for group, tasks in todo.items():
                 runnable = []
                 for task in tasks:
                     problem = budget_problem(task.arm)
@@ -135,7 +135,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                     else:
                         runnable.append(task)
                 if runnable:
-                    coord.run_group(runnable, size)
+                    coord.run_group(runnable, group)
                 if coord.refused:
                     break
         finally:

@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="physical cores per slot (default: one slot per whole node)",
     )
+    parser.add_argument(
+        "--ray-resources",
+        action="store_true",
+        help="print the slots as the JSON that `ray start --resources` takes on this node",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,7 +32,11 @@ def run(args: argparse.Namespace) -> int:
     topology = detect(args.sysfs_root)
     slots = make_slots(topology, args.slot_cores)
     unused = unused_cores(topology, slots)
-    if args.json:
+    if args.ray_resources:
+        from omni_ray.placement.cluster import resource_name
+
+        print(json.dumps({resource_name(args.slot_cores, s.name): 1 for s in slots}))
+    elif args.json:
         report = topology.to_dict()
         report["slots"] = [slot.to_dict() for slot in slots]
         report["unused"] = [

@@ -43,6 +43,7 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
 PLACEMENT_FIELDS: dict[str, f.Check] = {
     "slot_cores": f.optional(f.integer(gt=0)),
     "nodes": f.optional(f.node_list),
+    "max_slots": f.optional(f.integer(gt=0)),
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -112,10 +113,12 @@ class WorkloadConfig(_Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlacementConfig(_Config):
-    """Where arms run: cores per slot (None = a whole NUMA node) and which nodes (None = all)."""
+    """Where arms run: cores per slot (None = a whole NUMA node), which nodes (None = all) and
+    how many slots at most run at once (None = every free slot)."""
 
     slot_cores: int | None = None
     nodes: tuple[int, ...] | None = None
+    max_slots: int | None = None
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

@@ -26,14 +26,14 @@ def local_slots(slot_cores: int | None, nodes=None) -> list[Slot]:
     return make_slots(detect(), slot_cores, nodes)
 
 
-def ray_resources(slot_sizes, nodes=None) -> dict[str, float]:
+def ray_resources(slot_sizes) -> dict[str, float]:
     """This machine's slot resources for every slot size a run needs."""
     topo = detect()
     return {resource_name(size, s.name): 1.0
-            for size in slot_sizes for s in make_slots(topo, size, nodes)}
+            for size in slot_sizes for s in make_slots(topo, size)}
 
 
-def connect(address: str | None, slot_sizes, nodes=None):
+def connect(address: str | None, slot_sizes):
     """Start a local Ray with this machine's slots, or join ``address``; returns the context."""
     import ray
 
@@ -44,7 +44,7 @@ def connect(address: str | None, slot_sizes, nodes=None):
     try:
         if address:
             return ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        return ray.init(num_cpus=os.cpu_count(), resources=ray_resources(slot_sizes, nodes),
+        return ray.init(num_cpus=os.cpu_count(), resources=ray_resources(slot_sizes),
                         namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1",
                         log_to_driver=False)
     except ConnectionError as exc:

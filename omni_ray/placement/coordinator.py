@@ -192,9 +192,14 @@ class Coordinator:
         ray.kill(actor)
         sched.done(slot_res)
 
-    def run_group(self, tasks: Sequence[Task], slot_cores: int | None) -> None:
+    def run_group(self, tasks: Sequence[Task], group: "GroupKey") -> None:
+        slot_cores = group.slot_cores
         cap = require_capacity(slot_cores)
-        slots = [res for res, n in cap.items() for _ in range(n)]
+        slots = [res for res, n in cap.items() for _ in range(n)
+                 if group.nodes is None or slot_node(res) in group.nodes]
+        if not slots:
+            raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
+        slots = slots[:group.max_slots]
         arm_index = {a: i for i, a in enumerate(dict.fromkeys(t.arm.id for t in tasks))}
         by_job = {Job(arm_index[t.arm.id], t.pass_no): t for t in tasks}
         sched = Scheduler(list(by_job), slots)
@@ -227,14 +232,30 @@ class Coordinator:
             self.running.pop(ref, None)
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupKey:
+    """Arms that can share one pool of slots: same slot size and placement limits."""
+
+    slot_cores: int | None
+    nodes: tuple[int, ...] | None
+    max_slots: int | None
+
+
+def slot_node(resource: str) -> int:
+    """The NUMA node of a slot resource (``omni_slot_c1_n0s1`` -> 0)."""
+    return int(resource.rsplit("_", 1)[1][1:].split("s", 1)[0])
+
+
 def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
-               passes: int | None) -> dict[int | None, list[Task]]:
-    """Tasks grouped by slot size, each group's passes interleaved over all its arms."""
-    groups: dict[int | None, list[tuple[SweepConfig, Arm, Path]]] = {}
+               passes: int | None) -> dict[GroupKey, list[Task]]:
+    """Tasks grouped by slot pool, each group's passes interleaved over all its arms."""
+    groups: dict[GroupKey, list[tuple[SweepConfig, Arm, Path]]] = {}
     for sweep, arms, out_dir in sweeps:
+        pl = sweep.placement
         for arm in arms:
-            groups.setdefault(arm.slot_cores, []).append((sweep, arm, out_dir))
-    out: dict[int | None, list[Task]] = {}
+            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots)
+            groups.setdefault(key, []).append((sweep, arm, out_dir))
+    out: dict[GroupKey, list[Task]] = {}
     for size, members in groups.items():
         n_pass = max(passes or sw.passes for sw, _a, _o in members)
         tasks = []
