@@ -16,7 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="share the output head with the embedding (the shape's default)")
     tie.add_argument("--untie", dest="tie", action="store_false",
                      help="write a separate lm_head")
-    p.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even if up to date; replaces a non-empty OUT that make-model "
+                        "did not write (its contents are deleted)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -103,9 +103,22 @@ def _read_stamp(out: Path) -> dict | None:
         return None
 
 
+# Files without which a stamped directory is not a usable build (someone deleted them).
+_REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
 def _stamp_matches(out: Path, want: dict) -> bool:
     have = _read_stamp(out)
-    return have is not None and all(have.get(k) == v for k, v in want.items())
+    return (have is not None and all(have.get(k) == v for k, v in want.items())
+            and all((out / f).is_file() for f in _REQUIRED))
+
+
+def _not_a_directory(path: Path) -> Path | None:
+    """The first of ``path`` and its ancestors that exists but is not a directory, if any."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
 
 
 def _write(shape: Shape, seed: int, tie: bool, out: Path) -> None:
@@ -134,6 +147,9 @@ def build_model(shape_name: str, out_dir: str | os.PathLike, *, seed: int = 0,
     want = stamp_for(shape, seed, tie)
     if not force and _stamp_matches(out, want):
         return out
+    blocker = _not_a_directory(out)
+    if blocker is not None:
+        raise UserError(f"{out}: cannot write the model there: {blocker} is not a directory")
     if out.exists() and any(out.iterdir()) and not force and _read_stamp(out) is None:
         raise UserError(f"{out}: exists and is not a model made by make-model; "
                         "choose an empty directory or pass --force")
@@ -157,8 +173,13 @@ def build_model(shape_name: str, out_dir: str | os.PathLike, *, seed: int = 0,
 
 @contextlib.contextmanager
 def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w")
+    except OSError as exc:
+        raise UserError(f"{path.parent}: cannot write the model cache there ({exc.strerror}); "
+                        f"set {envs.OMNI_RAY_CACHE} to a writable directory") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -173,7 +194,7 @@ def cached_model_dir(shape_name: str, seed: int = 0, tie_embeddings: bool | None
 def ensure_model(shape_name: str, *, seed: int = 0, tie_embeddings: bool | None = None) -> Path:
     """The cached model directory for this build, built once (safe across processes)."""
     out = cached_model_dir(shape_name, seed, tie_embeddings)
-    with _lock(out.with_suffix(".lock")):
+    with _lock(out.parent / (out.name + ".lock")):  # not with_suffix: "qwen2.5-0.5b-..."
         return build_model(shape_name, out, seed=seed, tie_embeddings=tie_embeddings)
 
 
@@ -186,9 +207,12 @@ def check_model_dir(path: str | os.PathLike, what: str = "model") -> Path:
     if not cfg.is_file():
         raise UserError(f"{what}: {p}: not a Hugging Face model directory (no config.json)")
     try:
-        json.loads(cfg.read_text())
+        config = json.loads(cfg.read_text())
     except ValueError as exc:
         raise UserError(f"{what}: {cfg}: malformed JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{what}: {cfg}: not a model config (a JSON object), "
+                        f"got a {type(config).__name__}")
     if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise UserError(f"{what}: {p}: no weights (*.safetensors or *.bin)")
     return p.resolve()
@@ -198,4 +222,7 @@ def resolve_model(model: str) -> Path:
     """A shape name becomes its cached build; anything else must be a model directory."""
     if model in SHAPES:
         return ensure_model(model)
+    if not Path(model).expanduser().exists() and os.sep not in model:
+        raise UserError(f"model: {model}: neither a directory nor a shape "
+                        f"(known shapes: {', '.join(SHAPES)})")
     return check_model_dir(model)
