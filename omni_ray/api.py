@@ -110,8 +110,9 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     from omni_ray.cli.display import Progress
     from omni_ray.placement import cluster
     from omni_ray.placement.coordinator import (
-        Coordinator, Events, already_done, budget_problem, host_lock, plan_tasks)
+        Coordinator, Events, already_done, budget_problem, host_lock, plan_tasks, resolve_models)
 
+    resolve_models(arms)
     groups = plan_tasks(planned, passes)
     todo = {size: [t for t in tasks if not (resume and already_done(t))]
             for size, tasks in groups.items()}

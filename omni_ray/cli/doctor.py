@@ -35,15 +35,16 @@ def _quantization() -> dict:
 
 def run(args: argparse.Namespace) -> int:
     info = collect()
+    ok = all(s["applied"] for s in info["patches"].values()) and all(info["quantization"].values())
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
+        return 0 if ok else 1
     for dist, v in info["versions"].items():
         print(f"{dist:<14} {v or 'not installed'}")
     print(f"{'plugins':<14} {', '.join(info['vllm_general_plugins']) or 'none'}")
     for name, st in info["patches"].items():
         mark = "applied" if st["applied"] else "NOT APPLIED"
         print(f"patch {name:<16} {mark:<12} {'' if st['applied'] else st['reason']}")
-    for name, ok in info["quantization"].items():
-        print(f"quantization {name:<9} {'registered' if ok else 'NOT REGISTERED'}")
-    return 0 if all(s["applied"] for s in info["patches"].values()) else 1
+    for name, registered in info["quantization"].items():
+        print(f"quantization {name:<9} {'registered' if registered else 'NOT REGISTERED'}")
+    return 0 if ok else 1

@@ -1,11 +1,69 @@
-"""omni-ray stage (not built yet)."""
+"""omni-ray stage: run one arm directly on one slot of this machine (no Ray, no sweep file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
 
 
-def add_arguments(p):
-    pass
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="a make-model shape or a model directory")
+    p.add_argument("--kv-cache-mib", type=int, required=True)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--quantization", choices=["cpu_int4"], default=None)
+    p.add_argument("--compiled", action="store_true", help="torch.compile (default: eager)")
+    p.add_argument("--multiprocessing", action="store_true",
+                   help="vLLM's own EngineCore process (default: in-process)")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=16)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context-len", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--slot-cores", type=int, default=None,
+                   help="cores of the slot to pin to (default: the whole first node)")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="write the full result record (JSON) here")
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
+    from omni_ray.config import stage_from_dict, workload_from_dict
+    from omni_ray.engine.budget import check_budget, kv_bytes_per_token
+    from omni_ray.engine.launch import launch_arm
     from omni_ray.errors import UserError
+    from omni_ray.models.build import resolve_model
+    from omni_ray.placement.cluster import local_slots
+    from omni_ray.results.record import make_record
+    from omni_ray.results.store import write_json_atomic
 
-    raise UserError("stage: not built yet")
+    stage = stage_from_dict({
+        "model": args.model, "kv_cache_mib": args.kv_cache_mib, "quantization": args.quantization,
+        "max_model_len": args.max_model_len, "enforce_eager": not args.compiled,
+        "multiprocessing": args.multiprocessing}, "omni-ray stage")
+    workload = workload_from_dict({
+        "prompt_len": args.prompt_len, "output_len": args.output_len, "batch": args.batch,
+        "context_len": args.context_len, "repeats": args.repeats}, "omni-ray stage")
+    problem = check_budget(stage.kv_cache_mib, max_model_len=stage.max_model_len,
+                           per_token=kv_bytes_per_token(resolve_model(stage.model), stage.dtype),
+                           free_mib=None)
+    if problem:
+        raise UserError(problem)
+    slot = local_slots(args.slot_cores)[0]
+    req = {"model": stage.model, "stage": stage.to_dict(), "workload": workload.to_dict(),
+           "cpus": list(slot.cpus), "node": slot.node}
+    result = launch_arm(req, Path(tempfile.mkdtemp(prefix="omni-ray-stage-")), "stage",
+                        timeout_s=args.timeout)
+    record = make_record(kind="stage", config=req, measurements=result.get("measurements") or {},
+                         status=result["status"], error=result.get("error"),
+                         stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
+                         extra={"slot": slot.to_dict(), "log": result.get("log"),
+                                "log_path": result.get("log_path")})
+    if args.out:
+        write_json_atomic(args.out, record)
+    m = record["measurements"]
+    keys = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
+            "kv_cache_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
+    print(json.dumps({"status": record["status"], "error": record["error"], "slot": slot.name,
+                      **{k: m.get(k) for k in keys}}, indent=2))
+    return 0 if record["status"] == "ok" else 1

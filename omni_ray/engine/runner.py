@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from omni_ray.engine.budget import kv_bytes_per_token
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
@@ -155,6 +156,8 @@ def run(req: dict) -> dict:
             peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
             kv_cache_tokens=kv_cache_tokens(llm),
             kv_cache_bytes_requested=int(req["stage"]["kv_cache_mib"]) * MiB,
+            kv_cache_tokens_budget=int(req["stage"]["kv_cache_mib"]) * MiB // kv_bytes_per_token(
+                req["model_path"], req["stage"].get("dtype", "bfloat16")),
             engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]),
         )
         tree = affinity_tree(os.getpid())
@@ -169,8 +172,12 @@ def run(req: dict) -> dict:
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         report = vllm_omni.patch_report()
         del llm
-    return {"status": "ok", "measurements": m, "pinning": pinning, "patch_report": report,
-            "memory": sampler.to_dict()}
+    out = {"status": "ok", "measurements": m, "pinning": pinning, "patch_report": report,
+           "memory": sampler.to_dict()}
+    if pinning["violations"]:  # measured off the slot: the figures are not the slot's
+        out.update(status="failed", error=f"pinning: {len(pinning['violations'])} thread(s) "
+                   f"outside CPUs {cpulist(cpus)}: {pinning['violations'][0]}")
+    return out
 
 
 def die_with_parent() -> None:

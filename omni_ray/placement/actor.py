@@ -19,7 +19,7 @@ from omni_ray.engine.launch import launch_arm
 from omni_ray.measure.cpuload import check_idle
 from omni_ray.measure.pinning import bind_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
-from omni_ray.placement.cluster import local_slots
+from omni_ray.topology import detect, make_slots
 
 METRIC_TAGS = ("sweep", "arm", "slot")
 
@@ -33,7 +33,8 @@ class StageActor:
     def __init__(self, slot_name: str, slot_cores: int | None, tags: dict[str, str]) -> None:
         from ray.util.metrics import Gauge
 
-        by_name = {s.name: s for s in local_slots(slot_cores)}
+        self.topology = detect()
+        by_name = {s.name: s for s in make_slots(self.topology, slot_cores)}
         self.slot = by_name[slot_name]
         self.tags = tags
         pin_all_threads(self.slot.cpus)
@@ -47,7 +48,8 @@ class StageActor:
 
     def where(self) -> dict:
         return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
-                "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind}
+                "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind,
+                "topology": self.topology.to_dict()}
 
     def _poll(self, pid: int) -> None:
         self._engine_pid = pid

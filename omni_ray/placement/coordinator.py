@@ -93,6 +93,12 @@ def already_done(task: Task) -> bool:
             and same_versions(rec))
 
 
+def resolve_models(arms: Sequence[Arm]) -> None:
+    """Every model of the run exists (or is built) before anything starts: a bad one is exit 2."""
+    for model in dict.fromkeys(a.stage.model for a in arms):
+        resolve_model(model)
+
+
 def budget_problem(arm: Arm) -> str | None:
     st = arm.stage
     per_token = kv_bytes_per_token(resolve_model(st.model), st.dtype)
@@ -134,7 +140,12 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
 class Coordinator:
     def __init__(self, *, run_id: str, allow_busy: bool, events: Events,
                  busy_wait_s: float = BUSY_WAIT_S) -> None:
+        from ray.util.metrics import Counter
+
         self.run_id, self.allow_busy, self.events = run_id, allow_busy, events
+        self._arms_done = Counter("omni_sweep_arms_done", "arm passes finished, by status",
+                                  tag_keys=("sweep", "status"))
+
         self.busy_wait_s = busy_wait_s
         self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
         self.records: list[dict] = []
@@ -142,6 +153,7 @@ class Coordinator:
 
     def _write(self, task: Task, record: dict) -> None:
         write_json_atomic(task.record_path, record)
+        self._arms_done.inc(tags={"sweep": task.sweep.name, "status": record["status"]})
         self.records.append(record)
         self.events.on_record(task, record)
 

@@ -130,6 +130,10 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
         raise OmniInputError(f"{src}: not a model directory (no config.json)")
     if src.resolve() == dst.resolve():
         raise OmniInputError(f"{dst}: the destination is the source")
+    blocker = next((p for p in (dst, *dst.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise OmniInputError(f"{dst}: cannot write the checkpoint there: {blocker} is a file, "
+                             "not a directory")
     if dst.exists() and any(dst.iterdir()) and not overwrite:
         raise OmniInputError(f"{dst}: exists and is not empty (pass overwrite=True / "
                              "--overwrite to replace it)")
@@ -160,7 +164,10 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
 
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise OmniInputError(f"{dst}: cannot write the checkpoint there: {exc.strerror}") from None
     weight_map: dict[str, str] = {}
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0

@@ -18,8 +18,6 @@ def tiny_dir(tmp_path_factory):
 
 # vllm_omni/quantization/convert.py checks DST with dst.exists()/iterdir()/mkdir() unguarded, so
 # a DST at or under a regular file is a NotADirectoryError traceback. Strict: passes once fixed.
-DST_NOT_A_DIR = pytest.mark.xfail(strict=True, raises=OSError,
-                                  reason="convert.quantize_checkpoint: DST not a directory")
 
 
 def test_missing_src(tmp_path, user_error):
@@ -79,14 +77,12 @@ def test_non_empty_dst(tmp_path, tiny_dir, user_error):
     assert f"{tmp_path}/q: exists and is not empty" in line
 
 
-@DST_NOT_A_DIR
 def test_dst_under_a_regular_file(tmp_path, tiny_dir, user_error):
     (tmp_path / "afile").write_text("x")
     line = user_error("quantize", tiny_dir, tmp_path / "afile" / "q")
     assert f"{tmp_path}/afile" in line
 
 
-@DST_NOT_A_DIR
 def test_dst_is_a_regular_file(tmp_path, tiny_dir, user_error):
     (tmp_path / "afile").write_text("x")
     line = user_error("quantize", tiny_dir, tmp_path / "afile")
