@@ -132,7 +132,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                 for task in tasks:
                     problem = budget_problem(task.arm)
                     if problem:
-                        coord._fail_now(task, problem)
+                        coord.record_failure(task, problem)
                     else:
                         runnable.append(task)
                 if runnable:
@@ -145,7 +145,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             for sweep, sweep_arms, out_dir in planned:
                 if out_dir.is_dir():
                     report.summaries[sweep.name] = write_summary(sweep, sweep_arms, out_dir)
-            if owns_ray and address is None:
+            if owns_ray:  # a local Ray stops; a cluster's driver only disconnects
                 ray.shutdown()
     display.finish(report)
     return report

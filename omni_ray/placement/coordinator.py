@@ -157,7 +157,8 @@ class Coordinator:
         self.records.append(record)
         self.events.on_record(task, record)
 
-    def _fail_now(self, task: Task, error: str) -> None:
+    def record_failure(self, task: Task, error: str) -> None:
+        """A failed record for an arm that is not started (its config cannot work)."""
         now = time.time()
         self._write(task, make_arm_record(task, self.run_id, {"status": "failed", "error": error},
                                           slot=None, t_dispatch=now, t_end=now, preflight=None))
