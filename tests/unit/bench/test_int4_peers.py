@@ -1,0 +1,113 @@
+"""int4_peers without engines: pass order, byte counts, ratios, speed-of-light and the README."""
+
+import argparse
+
+import pytest
+
+from omni_ray.bench import int4_peers
+from omni_ray.bench.speed_of_light import bytes_per_token, fraction, int4_linear_bytes
+from omni_ray.models.shapes import SHAPES
+
+
+def test_pass_order_rotates_so_no_arm_is_always_first():
+    firsts = {int4_peers.pass_order(10, p)[0] for p in range(1, 11)}
+    assert firsts == set(range(10))
+    assert sorted(int4_peers.pass_order(10, 3)) == list(range(10))
+
+
+def test_bf16_bytes_per_token_is_two_bytes_a_parameter_for_a_tied_model():
+    shape = SHAPES["qwen2.5-0.5b"]
+    assert bytes_per_token(shape, "bf16")["total"] == 2 * shape.num_parameters()
+
+
+def test_int4_g128_is_4_25_bits_a_weight_plus_bf16_norms():
+    shape = SHAPES["qwen2.5-0.5b"]
+    b = bytes_per_token(shape, "int4", 128)
+    weights = shape.num_parameters() - (2 * shape.num_layers + 1) * shape.hidden_size
+    assert b["linear"] + b["head"] == weights * 4.25 / 8
+    assert int4_linear_bytes(256, 256, 128) == 256 * 128 + 256 * 2 * 4
+
+
+def test_bytes_per_token_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="kind must be"):
+        bytes_per_token(SHAPES["tiny"], "fp8")
+
+
+def test_fraction():
+    assert fraction(10.0, 1_000_000_000, 20.0) == pytest.approx(0.5)
+    assert fraction(None, 1, 20.0) is None
+
+
+def _rows():
+    return {
+        "vllm-bf16-eager": {"decode_tok_s": 10.0, "prefill128_tok_s": 1000.0,
+                            "prefill512_tok_s": 1200.0, "peak_rss_anon_during_load_mb": 2000.0,
+                            "rss_anon_tree_mb": 1500.0},
+        "vllm-bf16-compiled": {"decode_tok_s": 12.0, "prefill128_tok_s": 1100.0,
+                               "prefill512_tok_s": 1300.0,
+                               "peak_rss_anon_during_load_mb": 2100.0, "rss_anon_tree_mb": 1600.0},
+        "vllm-int4-eager": {"decode_tok_s": 25.0, "prefill128_tok_s": 900.0,
+                            "prefill512_tok_s": 1100.0, "peak_rss_anon_during_load_mb": 1500.0,
+                            "rss_anon_tree_mb": 1000.0},
+        "vllm-int4-compiled": {"decode_tok_s": 33.0, "prefill128_tok_s": 950.0,
+                               "prefill512_tok_s": 1150.0,
+                               "peak_rss_anon_during_load_mb": 1600.0, "rss_anon_tree_mb": 1100.0},
+        "llamacpp-bf16": {"decode_tok_s": 15.0, "prefill128_tok_s": 500.0,
+                          "prefill512_tok_s": 480.0},
+        "llamacpp-Q4_0": {"decode_tok_s": 30.0, "prefill128_tok_s": 600.0,
+                          "prefill512_tok_s": 550.0},
+    }
+
+
+def test_ratios_and_targets():
+    r = int4_peers.ratios(_rows())
+    assert r["int4_eager"]["decode_tok_s_vs_vllm_bf16_eager"] == pytest.approx(2.5)
+    assert r["int4_compiled"]["decode_tok_s_vs_llamacpp_q4_0"] == pytest.approx(1.1)
+    assert r["int4_eager"]["peak_during_load_int4_below_bf16"] is True
+    assert r["best_int4_decode_vs_best_vllm_bf16"] == pytest.approx(33 / 12)
+    assert r["targets"]["int4_vs_vllm_bf16_decode"]["met"] is True
+    assert r["targets"]["int4_vs_llamacpp_q4_0_decode"]["met"] is True
+
+
+def test_ratios_with_a_missing_arm_are_none_not_a_crash():
+    rows = _rows()
+    del rows["llamacpp-Q4_0"]
+    r = int4_peers.ratios(rows)
+    assert r["int4_eager"]["decode_tok_s_vs_llamacpp_q4_0"] is None
+    assert r["targets"]["int4_vs_llamacpp_q4_0_decode"]["met"] is None
+
+
+def test_summarize_takes_medians_over_ok_passes_only():
+    def rec(p, status, decode):
+        return {"arm": {"id": "a"}, "pass": p, "status": status,
+                "measurements": {"decode_tok_s": decode} if decode else {}}
+
+    s = int4_peers.summarize([rec(1, "ok", 10.0), rec(2, "ok", 12.0), rec(3, "failed", None)])
+    assert s["a"]["passes"] == 2
+    assert s["a"]["decode_tok_s"] == pytest.approx(11.0)
+    assert s["a"]["decode_tok_s_spread_pct"] == pytest.approx(2 / 11 * 100)
+
+
+def test_speed_of_light_and_readme_render():
+    art = {"gguf": {"bf16": {"bytes": 773_000_000}, "Q4_0": {"bytes": 250_000_000}}}
+    rows = _rows()
+    sol = int4_peers.speed_of_light(rows, "qwen2.5-0.5b", art, {"ceiling_gb_s": 10.0})
+    int4 = sol["engines"]["vllm-int4-eager"]
+    assert int4["fraction"] == pytest.approx(25.0 * int4["bytes_per_token"] / 10e9)
+    result = {
+        "engines": rows, "ratios": int4_peers.ratios(rows), "speed_of_light": sol,
+        "provenance": {"git": {"sha": "abc", "dirty": False}, "cpu": {"brand": "x"}},
+        "shape": "qwen2.5-0.5b", "cpus": [0, 1], "passes_run": 2,
+        "command": ["python", "-m", "omni_ray.bench.int4_peers", "--shape", "qwen2.5-0.5b"],
+        "load_before": {"loadavg": [0.1, 0.1, 0.1]}, "load_after": {"loadavg": [0.2, 0.1, 0.1]},
+        "bandwidth": {"best": {"ceiling_gb_s": 10.0}}, "decode_profile": None,
+        "summary": {}, "records": []}
+    text = int4_peers.readme(result, "x.json")
+    assert "| vllm-int4-eager | 25.0 |" in text
+    assert "--shape qwen2.5-0.5b" in text
+
+
+def test_parser_defaults():
+    args = int4_peers.build_parser().parse_args([])
+    assert isinstance(args, argparse.Namespace)
+    assert args.cpus == [0, 1] and args.passes == 2 and args.shape == "qwen2.5-0.5b"
