@@ -30,12 +30,8 @@ in this process only (a measurement harness, not a vllm_omni patch). With a bf16
 from __future__ import annotations
 
 import functools
-import json
-import os
 import statistics
-import sys
 import time
-import traceback
 
 RANGES = {
     "attention": ("vllm.model_executor.layers.attention.attention", "Attention"),
@@ -198,28 +194,13 @@ def run(req: dict) -> dict:
             "patch_report": vllm_omni.patch_report(), "top_ops_self_cpu": top}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from omni_ray.engine.runner import die_with_parent, engine_env
+def main(argv: list[str] | None = None) -> None:
+    from omni_ray.engine.runner import serve
 
-    argv = sys.argv[1:] if argv is None else argv
-    die_with_parent()
-    req_path, out_path = argv
-    with open(req_path) as f:
-        req = json.load(f)
-    req["stage"] = dict(req["stage"], multiprocessing=False, enforce_eager=True)
-    os.environ.update(engine_env(req))
-    try:
-        result, code = run(req), 0
-    except BaseException as exc:  # recorded; the orchestrator goes on
-        traceback.print_exc()
-        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-        code = 1
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, default=str)
-    os.replace(tmp, out_path)
-    sys.stdout.flush()
-    os._exit(code)
+    def in_process_eager(req: dict) -> dict:
+        return dict(req, stage=dict(req["stage"], multiprocessing=False, enforce_eager=True))
+
+    serve(run, argv, adjust=in_process_eager)
 
 
 if __name__ == "__main__":

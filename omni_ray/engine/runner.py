@@ -191,15 +191,20 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(run_fn, argv: list[str] | None = None, adjust=None) -> None:
+    """``REQ.json OUT.json``: run ``run_fn(req)`` in this fresh process, write its result
+    atomically (a failure becomes a result too) and exit. ``adjust`` may rewrite the request
+    first. The environment is set before ``run_fn`` imports torch or vLLM."""
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
     req_path, out_path = argv
     with open(req_path) as f:
         req = json.load(f)
+    if adjust is not None:
+        req = adjust(req)
     os.environ.update(engine_env(req))
     try:
-        result = run(req)
+        result = run_fn(req)
         code = 0
     except BaseException as exc:  # recorded, then the launcher decides; nothing is lost
         traceback.print_exc()
@@ -212,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     # vLLM leaves non-daemon threads and atexit work behind; the result is on disk, so leave now.
     os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(run, argv)
 
 
 if __name__ == "__main__":
