@@ -10,6 +10,11 @@ def _fmt_s(s: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+def _num(value, spec: str) -> str:
+    """A figure, or "n/a" where the arm has none (e.g. a decode-by-difference that was <= 0)."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def print_plan(planned, passes, stream) -> None:
     from omni_ray.placement.cluster import local_slots
 
@@ -56,8 +61,8 @@ class Progress:
         self.running = max(0, self.running - (record.get("slot") is not None))
         m = record.get("measurements") or {}
         if record["status"] == "ok":
-            what = (f"decode {m.get('decode_tok_s', float('nan')):.1f} tok/s, "
-                    f"rss {m.get('rss_anon_tree_mb', float('nan')):.0f} MiB")
+            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s, "
+                    f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
         else:
             self.failed += 1
             what = f"{record['status'].upper()}: {record.get('error')}"
