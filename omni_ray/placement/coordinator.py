@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -151,11 +152,19 @@ class Coordinator:
         self.records: list[dict] = []
         self.refused: str | None = None
 
+    def _emit(self, callback, *args) -> None:
+        """Tell the display; a broken display is reported, and never stops the measurements."""
+        try:
+            callback(*args)
+        except Exception as exc:  # noqa: BLE001 - any display bug: the sweep goes on
+            print(f"omni-ray: progress display failed ({type(exc).__name__}: {exc}); "
+                  "the sweep goes on", file=sys.stderr)
+
     def _write(self, task: Task, record: dict) -> None:
         write_json_atomic(task.record_path, record)
         self._arms_done.inc(tags={"sweep": task.sweep.name, "status": record["status"]})
         self.records.append(record)
-        self.events.on_record(task, record)
+        self._emit(self.events.on_record, task, record)
 
     def record_failure(self, task: Task, error: str) -> None:
         """A failed record for an arm that is not started (its config cannot work)."""
@@ -188,7 +197,7 @@ class Coordinator:
                             "anyway, marked contended)")
             return
         where = ray.get(actor.where.remote())
-        self.events.on_dispatch(task, slot_name)
+        self._emit(self.events.on_dispatch, task, slot_name)
         ref = actor.run.remote(engine_request(task.arm, task.pass_no), str(task.out_dir / "logs"),
                                task.name, task.arm.timeout_s, task.arm.stage.warm_start)
         self.running[ref] = (task, slot_res, actor, t0, where, pf)
