@@ -10,7 +10,6 @@ tokens/s). Passes alternate which path goes first.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path

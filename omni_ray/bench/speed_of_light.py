@@ -99,7 +99,7 @@ def measure_bandwidth(cpus: list[int], size_bytes: int = GiB, repeats: int = 5) 
     best, times = _best_seconds(lambda: a.sum(), repeats)
     out["sum_bf16_gb_s"] = size_bytes / best / 1e9
     out["sum_bf16_times_s"] = times
-    del a
+    a = None  # free the buffer before the next one is allocated
     f = torch.ones(size_bytes // 4, dtype=torch.float32)
     best, times = _best_seconds(lambda: f.sum(), repeats)
     out["sum_fp32_gb_s"] = size_bytes / best / 1e9
