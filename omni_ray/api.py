@@ -108,9 +108,10 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     import ray
 
     from omni_ray.cli.display import Progress
+    from omni_ray.engine.budget import budget_problem
     from omni_ray.placement import cluster
     from omni_ray.placement.coordinator import (
-        Coordinator, Events, already_done, budget_problem, host_lock, plan_tasks, resolve_models)
+        Coordinator, Events, already_done, host_lock, plan_tasks, resolve_models)
 
     resolve_models(arms)
     groups = plan_tasks(planned, passes)
@@ -130,7 +131,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             for group, tasks in todo.items():
                 runnable = []
                 for task in tasks:
-                    problem = budget_problem(task.arm)
+                    problem = budget_problem(task.arm.stage)
                     if problem:
                         coord.record_failure(task, problem)
                     else:

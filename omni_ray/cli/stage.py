@@ -29,10 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from omni_ray.config import stage_from_dict, workload_from_dict
-    from omni_ray.engine.budget import check_budget, kv_bytes_per_token
+    from omni_ray.engine.budget import budget_problem
     from omni_ray.engine.launch import launch_arm
     from omni_ray.errors import UserError
-    from omni_ray.models.build import resolve_model
     from omni_ray.placement.cluster import local_slots
     from omni_ray.results.record import make_record
     from omni_ray.results.store import write_json_atomic
@@ -44,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_from_dict({
         "prompt_len": args.prompt_len, "output_len": args.output_len, "batch": args.batch,
         "context_len": args.context_len, "repeats": args.repeats}, "omni-ray stage")
-    problem = check_budget(stage.kv_cache_mib, max_model_len=stage.max_model_len,
-                           per_token=kv_bytes_per_token(resolve_model(stage.model), stage.dtype),
-                           free_mib=None)
+    problem = budget_problem(stage)
     if problem:
         raise UserError(problem)
     slot = local_slots(args.slot_cores)[0]

@@ -18,6 +18,18 @@ def kv_bytes_per_token(model_dir: str | Path, dtype: str = "bfloat16") -> int:
     return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
+def budget_problem(stage) -> str | None:
+    """Why a stage's KV budget cannot work here (checked before an engine starts), or None."""
+    import psutil
+
+    from omni_ray.models.build import resolve_model
+
+    per_token = kv_bytes_per_token(resolve_model(stage.model), stage.dtype)
+    return check_budget(stage.kv_cache_mib, per_token=per_token,
+                        max_model_len=stage.max_model_len,
+                        free_mib=psutil.virtual_memory().available / MiB)
+
+
 def check_budget(kv_cache_mib: int, *, per_token: int, max_model_len: int,
                  free_mib: float | None) -> str | None:
     """Why this budget cannot work, or None. Checked before an engine is started."""

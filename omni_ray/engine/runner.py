@@ -15,19 +15,12 @@ import sys
 import time
 import traceback
 
-from omni_ray.engine.budget import kv_bytes_per_token
+from omni_ray.engine.budget import MiB, kv_bytes_per_token
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
+from omni_ray.topology.sysfs import format_cpulist
 from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
-
-MiB = 1 << 20
-PATCH_NAMES = ("aot_cache", "kv_budget", "release_memory")
-
-
-def cpulist(cpus: list[int]) -> str:
-    return ",".join(str(c) for c in cpus)
-
 
 def engine_env(req: dict) -> dict[str, str]:
     """The variables the engine process needs, decided before vLLM is imported."""
@@ -42,7 +35,7 @@ def engine_env(req: dict) -> dict[str, str]:
         env[f"VLLM_OMNI_DISABLE_{name.upper()}"] = "1"
     if req.get("cpus"):
         env["OMP_NUM_THREADS"] = str(len(req["cpus"]))
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpulist(req["cpus"])
+        env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpulist(req["cpus"])
     if req.get("compile_cache_dir"):
         env["VLLM_CACHE_ROOT"] = req["compile_cache_dir"]
     env.update({k: str(v) for k, v in (stage.get("env") or {}).items()})
@@ -176,7 +169,7 @@ def run(req: dict) -> dict:
            "memory": sampler.to_dict()}
     if pinning["violations"]:  # measured off the slot: the figures are not the slot's
         out.update(status="failed", error=f"pinning: {len(pinning['violations'])} thread(s) "
-                   f"outside CPUs {cpulist(cpus)}: {pinning['violations'][0]}")
+                   f"outside CPUs {format_cpulist(cpus)}: {pinning['violations'][0]}")
     return out
 
 

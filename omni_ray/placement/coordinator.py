@@ -21,7 +21,6 @@ import ray
 
 from omni_ray import envs
 from omni_ray.config import Arm, SweepConfig
-from omni_ray.engine.budget import check_budget, kv_bytes_per_token
 from omni_ray.errors import UserError
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
@@ -55,7 +54,6 @@ class Task:
 class Events:
     """Callbacks for a live display; every one is optional."""
 
-    on_start: Callable[[int, int], None] = lambda total, skipped: None
     on_dispatch: Callable[[Task, str], None] = lambda task, slot: None
     on_record: Callable[[Task, dict], None] = lambda task, record: None
 
@@ -98,16 +96,6 @@ def resolve_models(arms: Sequence[Arm]) -> None:
     """Every model of the run exists (or is built) before anything starts: a bad one is exit 2."""
     for model in dict.fromkeys(a.stage.model for a in arms):
         resolve_model(model)
-
-
-def budget_problem(arm: Arm) -> str | None:
-    st = arm.stage
-    per_token = kv_bytes_per_token(resolve_model(st.model), st.dtype)
-    import psutil
-
-    free_mib = psutil.virtual_memory().available / (1 << 20)
-    return check_budget(st.kv_cache_mib, per_token=per_token, max_model_len=st.max_model_len,
-                        free_mib=free_mib)
 
 
 def engine_request(arm: Arm, seed: int) -> dict:

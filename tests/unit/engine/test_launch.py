@@ -32,7 +32,7 @@ def test_engine_env_pins_threads_and_switches_patches():
                                 "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
                       "cpus": [2, 3], "compile_cache_dir": "/c"})
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3"
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
     assert env["VLLM_OMNI_DISABLE_KV_BUDGET"] == "1"
     assert env["VLLM_CACHE_ROOT"] == "/c" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
