@@ -48,7 +48,11 @@ def connect(address: str | None, slot_sizes):
                         namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1",
                         log_to_driver=False)
     except ConnectionError as exc:
-        raise UserError(f"--address {address}: cannot connect to Ray: {exc}") from None
+        # Ray reads RAY_AUTH_MODE when it is imported; an auth failure looks like a dead cluster.
+        hint = ("" if os.environ.get("RAY_AUTH_MODE") == "token" else
+                " (a cluster with token auth needs RAY_AUTH_MODE=token set before Ray is"
+                " imported, and its token in ~/.ray/auth_token)")
+        raise UserError(f"--address {address}: cannot connect to Ray: {exc}{hint}") from None
 
 
 def capacity(slot_cores: int | None) -> dict[str, int]:

@@ -4,14 +4,13 @@ with ``address=``, and `ray job submit -- omni-ray sweep ...` runs one through t
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-import omni_ray
 
 pytestmark = pytest.mark.integration
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -23,23 +22,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Ray 2.60 authenticates clusters made by `ray start` only when every side says so and a token
+# exists (the README's cluster recipe does the same). Ray reads RAY_AUTH_MODE once, when it is
+# imported, and this pytest process imported it while collecting; so every side of the cluster,
+# the joining sweep included, is its own process started with the variable set, as from a shell.
+ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
+
+
 @pytest.fixture(scope="module")
 def head():
-    # Ray 2.60 authenticates clusters made by `ray start` only when every side says so and a
-    # token exists (the README's cluster recipe does the same).
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RAY_AUTH_MODE", "token")
-    subprocess.run([RAY, "get-auth-token", "--generate"], check=True, capture_output=True)
+    subprocess.run([RAY, "get-auth-token", "--generate"], check=True, capture_output=True,
+                   env=ENV)
     slots = subprocess.run([sys.executable, "-m", "omni_ray.cli", "topology", "--slot-cores",
                             "1", "--ray-resources"], capture_output=True, text=True, check=True)
     port, dash = free_port(), free_port()
     subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2",
                     f"--resources={slots.stdout.strip()}", "--include-dashboard=true",
                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=ENV)
     yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
-    subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
-    mp.undo()
+    subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=ENV)
 
 
 def sweep_file(tmp_path: Path, name: str) -> Path:
@@ -52,13 +54,16 @@ def sweep_file(tmp_path: Path, name: str) -> Path:
 
 
 def test_sweep_joins_an_existing_cluster(head, tmp_path):
-    import ray
-
     address, _ = head
-    report = omni_ray.run_sweep(str(sweep_file(tmp_path, "joined")), address=address,
-                                out=tmp_path, allow_busy=True)
-    ray.shutdown()
-    (rec,) = report.records
+    code = ("import json, sys, omni_ray\n"
+            "r = omni_ray.run_sweep(sys.argv[1], address=sys.argv[2], out=sys.argv[3],"
+            " allow_busy=True)\n"
+            "print(json.dumps(r.records))")
+    run = subprocess.run([sys.executable, "-c", code, str(sweep_file(tmp_path, "joined")),
+                          address, str(tmp_path)], capture_output=True, text=True, timeout=400,
+                         env=ENV)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (rec,) = json.loads(run.stdout.strip().splitlines()[-1])
     assert rec["status"] == "ok", rec.get("error")
     assert rec["slot"]["slot"]["name"] in ("n0s0", "n0s1")
 
@@ -70,7 +75,7 @@ def test_ray_job_submit_runs_a_sweep(head, tmp_path):
         [RAY, "job", "submit", "--address", dashboard, "--", sys.executable, "-m",
          "omni_ray.cli", "sweep", str(sweep_file(tmp_path, "submitted")), "--address", "auto",
          "--out", str(out), "--allow-busy"],
-        capture_output=True, text=True, timeout=400)
+        capture_output=True, text=True, timeout=400, env=ENV)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     (rec_path,) = out.glob("submitted/*/*.p1.json")
     assert json.loads(rec_path.read_text())["status"] == "ok"
