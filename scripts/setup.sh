@@ -26,8 +26,12 @@ fi
 import torch
 from vllm import LLM  # noqa: F401  the import that the CUDA torchvision breaks
 import vllm_omni
+from vllm_omni.ops import native
 assert "+cpu" in torch.__version__, f"expected a CPU build of torch, got {torch.__version__}"
 print(f"omni-ray setup ok: torch {torch.__version__}, vllm {__import__('vllm').__version__}")
+# Build the native cpu_int4 kernels now rather than in the first int4 engine (about 10 s).
+st = native.load()
+print(f"cpu_int4 kernels: {'native' if st.available else 'torch fallback'} ({st.reason})")
 PY
 rm -f .venv/.omni-setup-*
 touch "$stamp"

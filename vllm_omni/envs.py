@@ -7,6 +7,7 @@ The off switches take "1", "true" or "yes" (any case) as on; anything else, or u
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Turns every vllm_omni runtime patch off (the cpu_int4 quantization method stays registered,
 # since a checkpoint that names it cannot load without it).
@@ -14,6 +15,10 @@ VLLM_OMNI_DISABLE = "VLLM_OMNI_DISABLE"
 # Per-patch off switches: VLLM_OMNI_DISABLE_AOT_CACHE, VLLM_OMNI_DISABLE_KV_BUDGET,
 # VLLM_OMNI_DISABLE_RELEASE_MEMORY (the suffix is the patch's name, upper-cased).
 DISABLE_PREFIX = "VLLM_OMNI_DISABLE_"
+# Runs cpu_int4 on torch's int4 kernels instead of vllm_omni's native ones (vllm_omni/ops/native.py).
+VLLM_OMNI_DISABLE_NATIVE_INT4 = "VLLM_OMNI_DISABLE_NATIVE_INT4"
+# Where vllm_omni keeps what it builds (the native kernels); default ~/.cache/vllm_omni.
+VLLM_OMNI_CACHE = "VLLM_OMNI_CACHE"
 # vLLM's own: GiB of KV cache for every engine of the process tree (vllm/platforms/cpu.py).
 # vllm_omni makes an explicit kv_cache_memory_bytes win over it and treats "" as unset.
 VLLM_CPU_KVCACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
@@ -38,3 +43,12 @@ def patch_disabled(patch_name: str) -> str | None:
         return VLLM_OMNI_DISABLE
     var = patch_off_switch(patch_name)
     return var if _truthy(var) else None
+
+
+def native_int4_disabled() -> str | None:
+    return VLLM_OMNI_DISABLE_NATIVE_INT4 if _truthy(VLLM_OMNI_DISABLE_NATIVE_INT4) else None
+
+
+def cache_root() -> Path:
+    value = os.environ.get(VLLM_OMNI_CACHE, "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "vllm_omni"

@@ -71,6 +71,17 @@ def _run(cmd: list[str], log: Path) -> None:
         raise UserError(f"{cmd[2] if len(cmd) > 2 else cmd[0]} failed (exit {rc}); see {log}")
 
 
+def _current_checkpoint(int4: Path) -> bool:
+    """A finished checkpoint whose config is what ``omni-ray quantize`` writes today (a changed
+    default such as row_threshold means quantizing again)."""
+    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD
+
+    if not (int4 / "omni_quantize.json").is_file():
+        return False
+    qc = json.loads((int4 / "config.json").read_text()).get("quantization_config", {})
+    return qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD
+
+
 def prepare(shape: str, work: Path) -> dict:
     """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
     model = ensure_model(shape)
@@ -78,7 +89,7 @@ def prepare(shape: str, work: Path) -> dict:
     int4 = art / f"cpu_int4-g{GROUP_SIZE}"
     quantize_cmd = [sys.executable, "-m", "omni_ray.cli", "quantize", str(model), str(int4),
                     "--group-size", str(GROUP_SIZE), "--overwrite"]
-    if not (int4 / "omni_quantize.json").is_file():
+    if not _current_checkpoint(int4):
         _run(quantize_cmd, art / "quantize.log")
     record = json.loads((int4 / "omni_quantize.json").read_text())
     gguf = {"bf16": art / "model-bf16.gguf", "Q4_0": art / "model-Q4_0.gguf"}

@@ -1,4 +1,5 @@
-"""omni-ray doctor: versions, and whether each vllm_omni patch is applied here and why not."""
+"""omni-ray doctor: versions, whether each vllm_omni patch is applied here and why not, and which
+kernels cpu_int4 runs on (vllm_omni's native ones, or torch's as a fallback, and why)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,21 @@ def collect() -> dict:
             versions[dist] = None
     plugins = [ep.value for ep in md.entry_points(group="vllm.general_plugins")]
     return {"versions": versions, "vllm_general_plugins": plugins,
-            "patches": vllm_omni.patch_report(), "quantization": _quantization()}
+            "patches": vllm_omni.patch_report(), "quantization": _quantization(),
+            "kernels": _kernels()}
 
 
 def _quantization() -> dict:
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     return {"cpu_int4": "cpu_int4" in QUANTIZATION_METHODS}
+
+
+def _kernels() -> dict:
+    from vllm_omni.ops import native
+
+    st = native.load()  # builds them on first use (about 10 s)
+    return {"cpu_int4_native": {"available": st.available, "reason": st.reason}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,4 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"patch {name:<16} {mark:<12} {'' if st['applied'] else st['reason']}")
     for name, registered in info["quantization"].items():
         print(f"quantization {name:<9} {'registered' if registered else 'NOT REGISTERED'}")
+    nat = info["kernels"]["cpu_int4_native"]
+    # Not a failure: cpu_int4 then runs on torch's int4 kernels, slower.
+    print(f"kernels      cpu_int4  {'native' if nat['available'] else 'torch fallback'}: "
+          f"{nat['reason']}")
     return 0 if ok else 1

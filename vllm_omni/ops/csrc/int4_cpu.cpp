@@ -1,0 +1,234 @@
+// Native kernels for cpu_int4 on torch's CPU int4 pack (AVX-512 builds of torch).
+//
+// The pack is the one torch.ops.aten._convert_weight_to_int4pack_for_cpu makes on AVX-512
+// builds (see vllm_omni/ops/int4_pack.py): blocks of 64 output rows, k-major inside a block,
+// 32 bytes per k: byte j holds row j's code in its low nibble and row j + 32's in its high one.
+// scales_zeros is bf16 [G, N, 2] (scale, zero); w = (q - 8) * scale + zero.
+//
+// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size): y = x @ W^T for a few rows.
+//   Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every weight and
+//   reaches about 12 GB/s streaming a 0.5B model's weights on two cores of this machine. Here
+//   the codes become floats through a 16-entry table (vpermps reads only the low 4 bits of each
+//   index, so the low nibble needs no mask), the sum over a group is taken on (q - 8) alone, and
+//   scale and zero are applied once per group:
+//     y[n] = sum_g scale[g,n] * sum_{k in g} (q[n,k] - 8) x[k] + zero[g,n] * sum_{k in g} x[k].
+//   Rows of x go four at a time, sharing the converted codes; the weights are prefetched 4 KiB
+//   ahead into L2.
+//
+// vllm_omni_C::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): the bf16
+//   W^T [K, n_end - n_begin] of those output rows, for the many-row path (a bf16 matmul then
+//   runs on it). Same values as vllm_omni.ops.int4_pack.dequantize_t: (q - 8) * scale is exact
+//   in fp32, adding zero rounds once, and the result is rounded to nearest even bf16.
+//
+// Only full 64-row blocks are handled; the caller checks N % 64 == 0 (and the layout).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int kBlockN = 64;
+constexpr int kRows = 4;  // rows of x per pass over the weights
+
+// Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
+// the inputs are finite bf16 and finite codes).
+inline __m256i fp32x16_to_bf16(__m512 v) {
+  __m512i bits = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// q - 8 for q = 0..15, as floats: the table vpermps looks codes up in.
+inline __m512 code_table() {
+  return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// 16 (scale, zero) bf16 pairs starting at p, as two fp32 vectors.
+inline void load_scale_zero(const at::BFloat16* p, __m512* scale, __m512* zero) {
+  __m512i pair = _mm512_loadu_si512(p);
+  *scale = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+  *zero = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xFFFF0000)));
+}
+
+void check_pack(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t K,
+                int64_t group_size) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed: uint8");
+  TORCH_CHECK(scales_zeros.dim() == 3 && scales_zeros.size(2) == 2 &&
+                  scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous(),
+              "scales_zeros: bf16 [G, N, 2]");
+  const int64_t N = scales_zeros.size(1);
+  TORCH_CHECK(group_size > 0 && K == scales_zeros.size(0) * group_size,
+              "K must be G * group_size");
+  TORCH_CHECK(N % kBlockN == 0, "N must be a multiple of 64");
+  TORCH_CHECK(packed.numel() == N * K / 2, "packed must hold N * K / 2 bytes");
+}
+
+// One block of 64 output rows, `m` (1..kRows) rows of x. xf: fp32 [m, K]; xsum: fp32 [m, G].
+template <int M>
+void block(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0, int64_t K,
+           int64_t gs, const float* xf, const float* xsum, at::BFloat16* out, int64_t ldo) {
+  const __m512 lut = code_table();
+  const int64_t G = K / gs;
+  __m512 o[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < 4; ++j) o[m][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 a[M][4];
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+    const uint8_t* p = w + g * gs * 32;
+    const float* xg = xf + g * gs;
+    // Two k per iteration into two sets of accumulators: eight independent FMA chains, so the
+    // FMA latency is hidden behind the table lookups.
+    __m512 b[M][4];
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j) b[m][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < gs; k += 2, p += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T1);
+      __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      __m512i d1 =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+      __m512i e0 =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 32)));
+      __m512i e1 =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 48)));
+      __m512 q0 = _mm512_permutexvar_ps(d0, lut);                         // rows 0..15
+      __m512 q1 = _mm512_permutexvar_ps(d1, lut);                         // rows 16..31
+      __m512 q2 = _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut);  // rows 32..47
+      __m512 q3 = _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut);  // rows 48..63
+      __m512 r0 = _mm512_permutexvar_ps(e0, lut);
+      __m512 r1 = _mm512_permutexvar_ps(e1, lut);
+      __m512 r2 = _mm512_permutexvar_ps(_mm512_srli_epi32(e0, 4), lut);
+      __m512 r3 = _mm512_permutexvar_ps(_mm512_srli_epi32(e1, 4), lut);
+      for (int m = 0; m < M; ++m) {
+        __m512 xk = _mm512_set1_ps(xg[m * K + k]);
+        __m512 xl = _mm512_set1_ps(xg[m * K + k + 1]);
+        a[m][0] = _mm512_fmadd_ps(q0, xk, a[m][0]);
+        a[m][1] = _mm512_fmadd_ps(q1, xk, a[m][1]);
+        a[m][2] = _mm512_fmadd_ps(q2, xk, a[m][2]);
+        a[m][3] = _mm512_fmadd_ps(q3, xk, a[m][3]);
+        b[m][0] = _mm512_fmadd_ps(r0, xl, b[m][0]);
+        b[m][1] = _mm512_fmadd_ps(r1, xl, b[m][1]);
+        b[m][2] = _mm512_fmadd_ps(r2, xl, b[m][2]);
+        b[m][3] = _mm512_fmadd_ps(r3, xl, b[m][3]);
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j) a[m][j] = _mm512_add_ps(a[m][j], b[m][j]);
+    // scales_zeros[g, n0 + 16j .. +16, 0..1]: 16 (scale, zero) bf16 pairs = 16 dwords.
+    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
+    for (int j = 0; j < 4; ++j) {
+      __m512 scale, zero;
+      load_scale_zero(s + j * 32, &scale, &zero);
+      for (int m = 0; m < M; ++m) {
+        o[m][j] = _mm512_fmadd_ps(a[m][j], scale, o[m][j]);
+        o[m][j] = _mm512_fmadd_ps(zero, _mm512_set1_ps(xsum[m * G + g]), o[m][j]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < 4; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * ldo + n0 + 16 * j),
+                          fp32x16_to_bf16(o[m][j]));
+}
+
+using BlockFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
+                         const float*, const float*, at::BFloat16*, int64_t);
+constexpr BlockFn kBlocks[kRows] = {block<1>, block<2>, block<3>, block<4>};
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
+                     const at::Tensor& scales_zeros, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
+  const int64_t G = scales_zeros.size(0);
+  check_pack(packed, scales_zeros, K, group_size);
+  // x in fp32 and its per-group sums, once, before the threads start.
+  std::vector<float> xbuf(M * K + M * G);
+  float* xp = xbuf.data();
+  float* xs = xp + M * K;
+  const at::Tensor xc = x.contiguous();
+  const at::BFloat16* xin = xc.data_ptr<at::BFloat16>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float sum = 0.f;
+      for (int64_t k = g * group_size; k < (g + 1) * group_size; ++k)
+        sum += (xp[m * K + k] = static_cast<float>(xin[m * K + k]));
+      xs[m * G + g] = sum;
+    }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const int64_t blocks = N / kBlockN;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* wb = w + b * kBlockN * K / 2;
+      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, M - m0));
+        kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xp + m0 * K, xs + m0 * G,
+                          op + m0 * N, N);
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zeros,
+                          int64_t group_size, int64_t n_begin, int64_t n_end) {
+  const int64_t N = scales_zeros.size(1);
+  const int64_t G = scales_zeros.size(0);
+  const int64_t K = G * group_size;
+  check_pack(packed, scales_zeros, K, group_size);
+  TORCH_CHECK(0 <= n_begin && n_begin <= n_end && n_end <= N && n_begin % kBlockN == 0 &&
+                  n_end % kBlockN == 0,
+              "n_begin, n_end: multiples of 64 within [0, N]");
+  const int64_t width = n_end - n_begin;
+  at::Tensor wt = at::empty({K, width}, scales_zeros.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = wt.data_ptr<at::BFloat16>();
+  const __m512 lut = code_table();
+  // One task per (group, block): it writes K/G rows of 64 contiguous bf16 each.
+  const int64_t blocks = width / kBlockN;
+  at::parallel_for(0, G * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t g = t / blocks, n0 = n_begin + (t % blocks) * kBlockN;
+      __m512 scale[4], zero[4];
+      for (int j = 0; j < 4; ++j)
+        load_scale_zero(sz + (g * N + n0 + 16 * j) * 2, &scale[j], &zero[j]);
+      const uint8_t* p = w + n0 * K / 2 + g * group_size * 32;
+      at::BFloat16* out = dst + g * group_size * width + (n0 - n_begin);
+      for (int64_t k = 0; k < group_size; ++k, p += 32, out += width) {
+        __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        __m512i d1 =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+        const __m512 q[4] = {_mm512_permutexvar_ps(d0, lut), _mm512_permutexvar_ps(d1, lut),
+                             _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut),
+                             _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut)};
+        for (int j = 0; j < 4; ++j)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * j),
+                              fp32x16_to_bf16(_mm512_fmadd_ps(q[j], scale[j], zero[j])));
+      }
+    }
+  });
+  return wt;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(vllm_omni_C, m) {
+  m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.def(
+      "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
+      "int n_end) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(vllm_omni_C, CPU, m) {
+  m.impl("int4_gemv", &int4_gemv);
+  m.impl("int4_dequant_t", &int4_dequant_t);
+}

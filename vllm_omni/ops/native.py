@@ -1,0 +1,113 @@
+"""The native cpu_int4 kernels (``csrc/int4_cpu.cpp``): built once per machine, loaded per process.
+
+``load()`` compiles the source with torch's C++ extension builder into a cache directory keyed on
+the source, the torch version and the flags (``$VLLM_OMNI_CACHE``, default
+``~/.cache/vllm_omni``), then loads it, which registers ``torch.ops.vllm_omni_C.int4_gemv`` and
+``int4_dequant_t``. A build takes about 10 s; later processes only load the library. The build
+runs under an exclusive file lock, so the EngineCore and its workers never build at once, and a
+build killed half way leaves nothing that blocks the next one.
+
+The kernels read torch's AVX-512 int4 pack with AVX-512 instructions. When the CPU or the pack
+lacks them, when the build fails, or when ``VLLM_OMNI_DISABLE_NATIVE_INT4`` is set, ``load()``
+says why and cpu_int4 runs on torch's own kernels instead (slower, same results up to rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import logging
+import sys
+from pathlib import Path
+
+from vllm_omni import envs
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "int4_cpu.cpp"
+NAME = "vllm_omni_int4_cpu"
+CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma")
+LDFLAGS = ("-fopenmp",)
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    available: bool
+    reason: str  # why not, or where the library is
+    path: str | None = None
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def build_dir() -> Path:
+    """Where this source, torch and flag combination is built (one directory per key)."""
+    import torch
+
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(),
+                 sys.version.encode()):
+        key.update(part)
+    return envs.cache_root() / "ext" / f"{NAME}-{key.hexdigest()[:16]}"
+
+
+def _unavailable() -> str | None:
+    """Why the native kernels cannot be used here, or None."""
+    var = envs.native_int4_disabled()
+    if var:
+        return f"disabled by {var}"
+    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    from vllm_omni.ops import int4_pack
+
+    if int4_pack.layout() != int4_pack.PackLayout(64, True):
+        return f"torch's int4 pack is not the AVX-512 layout ({int4_pack.layout()})"
+    return None
+
+
+def _build_and_load(where: Path) -> str:
+    from torch.utils import cpp_extension
+
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "omni.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a kill
+        # torch's own build lock: a build killed half way leaves it behind and every later
+        # build would wait on it forever. Holding ours, nobody else is building here.
+        (where / "lock").unlink(missing_ok=True)
+        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(where),
+                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                           is_python_module=False, verbose=False)
+    return str(where / f"{NAME}.so")
+
+
+@functools.cache
+def load() -> Status:
+    """Build (once per machine) and load the kernels in this process; never raises."""
+    reason = _unavailable()
+    if reason:
+        return Status(False, reason)
+    where = build_dir()
+    try:
+        path = _build_and_load(where)
+    except Exception as exc:  # a compiler error must not stop a model from loading
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        logger.warning("vllm_omni: native int4 kernels unavailable, using torch's (build in %s "
+                       "failed: %s)", where, first)
+        return Status(False, f"build in {where} failed: {first}")
+    return Status(True, f"loaded {path}", path)
+
+
+def available() -> bool:
+    return load().available
