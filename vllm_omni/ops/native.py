@@ -31,6 +31,8 @@ NAME = "vllm_omni_int4_cpu"
 CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma")
 LDFLAGS = ("-fopenmp",)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")
+# With these as well, the GEMV uses bf16 dot products (the C++ side checks them at run time).
+DOT_FLAGS = ("avx512_bf16", "avx512vbmi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +108,13 @@ def load() -> Status:
         logger.warning("vllm_omni: native int4 kernels unavailable, using torch's (build in %s "
                        "failed: %s)", where, first)
         return Status(False, f"build in {where} failed: {first}")
-    return Status(True, f"loaded {path}", path)
+    return Status(True, f"loaded {path} ({gemv_variant()} GEMV)", path)
 
 
 def available() -> bool:
     return load().available
+
+
+def gemv_variant() -> str:
+    """Which inner loop the native GEMV runs here: "bf16-dot" or "fp32"."""
+    return "bf16-dot" if set(DOT_FLAGS) <= cpu_flags() else "fp32"

@@ -29,13 +29,14 @@ def test_loads_on_an_avx512_machine():
 
 
 @needs_isa
+@pytest.mark.parametrize("bf16_dot", [True, False])
 @pytest.mark.parametrize("group_size", grid.GROUP_SIZES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9])
-def test_gemv_matches_the_fp32_reference(group_size, rows):
+def test_gemv_matches_the_fp32_reference(group_size, rows, bf16_dot):
     packed, sz, w = _layer(group_size)
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
     ref = F.linear(x.float(), w.float())
-    y = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, group_size)
+    y = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, group_size, bf16_dot)
     assert y.shape == (rows, N) and y.dtype == torch.bfloat16
     # summing per group before scaling reorders fp32 additions: within bf16 output rounding
     assert (y.float() - ref).abs().max() <= ref.abs().max() * 2 ** -7
@@ -52,6 +53,22 @@ def test_dequant_is_exactly_the_python_unpacking(group_size):
     assert torch.equal(wt.t(), w)  # and the checkpoint's own dequantization
     part = torch.ops.vllm_omni_C.int4_dequant_t(packed, sz, group_size, 64, 192)
     assert torch.equal(part, wt[:, 64:192])
+
+
+@pytest.mark.skipif(not set(native.DOT_FLAGS) <= native.cpu_flags(), reason="no AVX512_BF16")
+def test_both_gemv_loops_agree_on_a_real_shape():
+    """The bf16-dot loop (rows in nibble order, put back at the end) and the fp32 loop, on a
+    qwen2.5-0.5b down_proj shape: 14 blocks of 64 rows, K 4864 (38 groups)."""
+    w = torch.randn(896, 4864, generator=torch.Generator().manual_seed(1)).bfloat16()
+    qw = grid.quantize(w, 128)
+    packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
+    x = torch.randn(3, 4864, generator=torch.Generator().manual_seed(2)).bfloat16()
+    dot = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, True).float()
+    fp32 = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, False).float()
+    ref = F.linear(x.float(), grid.dequantize(qw).float())
+    assert native.gemv_variant() == "bf16-dot"
+    assert (dot - fp32).abs().max() <= ref.abs().max() * 2 ** -7
+    assert (dot - ref).abs().max() <= ref.abs().max() * 2 ** -7
 
 
 @needs_isa

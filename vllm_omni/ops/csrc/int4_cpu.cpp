@@ -5,15 +5,17 @@
 // 32 bytes per k: byte j holds row j's code in its low nibble and row j + 32's in its high one.
 // scales_zeros is bf16 [G, N, 2] (scale, zero); w = (q - 8) * scale + zero.
 //
-// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size): y = x @ W^T for a few rows.
-//   Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every weight and
-//   reaches about 12 GB/s streaming a 0.5B model's weights on two cores of this machine. Here
-//   the codes become floats through a 16-entry table (vpermps reads only the low 4 bits of each
-//   index, so the low nibble needs no mask), the sum over a group is taken on (q - 8) alone, and
-//   scale and zero are applied once per group:
+// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size, bf16_dot=True): y = x @ W^T for a
+//   few rows. Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every
+//   weight and streams a 0.5B model's int4 weights at about 12.5 GB/s on two cores of this
+//   machine. Here the sum over a group is taken on (q - 8) alone, and scale and zero are applied
+//   once per group:
 //     y[n] = sum_g scale[g,n] * sum_{k in g} (q[n,k] - 8) x[k] + zero[g,n] * sum_{k in g} x[k].
-//   Rows of x go four at a time, sharing the converted codes; the weights are prefetched 4 KiB
-//   ahead into L2.
+//   Two inner loops compute the group sums. With AVX512_BF16 and AVX512_VBMI (and bf16_dot),
+//   codes become bf16 through a table and vdpbf16ps takes two k per instruction (block_dot,
+//   about 21.5 GB/s on that stream); otherwise codes become fp32 through a table (vpermps) and
+//   fp32 FMAs take one k (block, about 20 GB/s). Rows of x go four at a time, sharing the
+//   converted codes; the weights are prefetched 4 KiB ahead into L2.
 //
 // vllm_omni_C::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): the bf16
 //   W^T [K, n_end - n_begin] of those output rows, for the many-row path (a bf16 matmul then
@@ -27,6 +29,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -141,8 +144,117 @@ using BlockFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, 
                          const float*, const float*, at::BFloat16*, int64_t);
 constexpr BlockFn kBlocks[kRows] = {block<1>, block<2>, block<3>, block<4>};
 
+// ---- The same block with bf16 dot products (AVX512_BF16 + AVX512_VBMI) -------------------
+//
+// Per two k (64 bytes), the fp32 kernel spends 24 vector instructions; this one 12. vpermb
+// first moves the bytes of k and k + 1 that hold the same rows next to each other: dword d =
+// (byte 2d, byte 2d+1 of k; byte 2d, byte 2d+1 of k+1). Each of the 4 nibbles of a 16-bit word
+// is then looked up in a 32-entry bf16 table (vpermw reads the low 5 bits, so the table holds
+// q - 8 twice), which leaves every dword holding the same row's code at k and at k + 1, and
+// vdpbf16ps multiplies that pair by (x[k], x[k+1]) and adds both products into an fp32 lane.
+// bf16 x bf16 products are exact in fp32. Nibble i of dword d is row 2d (i = 0), 2d + 32
+// (i = 1), 2d + 1 (i = 2) or 2d + 33 (i = 3); scales are gathered in that order per group and
+// the sums are put back in row order once, at the end.
+
+#define OMNI_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
+
+OMNI_DOT_TARGET inline __m512i dot_code_table() {
+  alignas(64) static const uint16_t table[32] = {
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // -8 .. -1
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,  //  0 ..  7
+      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+  return _mm512_load_si512(table);
+}
+
+OMNI_DOT_TARGET inline __m512i pair_bytes_index() {
+  alignas(64) static const uint8_t index[64] = {
+      0,  1,  32, 33, 2,  3,  34, 35, 4,  5,  36, 37, 6,  7,  38, 39,
+      8,  9,  40, 41, 10, 11, 42, 43, 12, 13, 44, 45, 14, 15, 46, 47,
+      16, 17, 48, 49, 18, 19, 50, 51, 20, 21, 52, 53, 22, 23, 54, 55,
+      24, 25, 56, 57, 26, 27, 58, 59, 28, 29, 60, 61, 30, 31, 62, 63};
+  return _mm512_load_si512(index);
+}
+
+template <int M>
+OMNI_DOT_TARGET void block_dot(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
+                               int64_t n0, int64_t K, int64_t gs, const at::BFloat16* xb,
+                               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  const __m512i lut = dot_code_table();
+  const __m512i pairs = pair_bytes_index();
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                         30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const int64_t G = K / gs;
+  // o[m][i]: accumulators in nibble order (rows 2d, 2d + 32, 2d + 1, 2d + 33 for lane d)
+  __m512 o[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i) o[m][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 a[M][4];
+    for (int m = 0; m < M; ++m)
+      for (int i = 0; i < 4; ++i) a[m][i] = _mm512_setzero_ps();
+    const uint8_t* p = w + g * gs * 32;
+    const at::BFloat16* xg = xb + g * gs;
+    for (int64_t k = 0; k < gs; k += 2, p += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T1);
+      const __m512i v = _mm512_permutexvar_epi8(pairs, _mm512_loadu_si512(p));
+      const __m512i q[4] = {
+          _mm512_permutexvar_epi16(v, lut),
+          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut),
+          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut),
+          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut)};
+      for (int m = 0; m < M; ++m) {
+        int32_t xpair;
+        std::memcpy(&xpair, xg + m * K + k, sizeof(xpair));
+        const __m512bh xk = (__m512bh)_mm512_set1_epi32(xpair);
+        for (int i = 0; i < 4; ++i) a[m][i] = _mm512_dpbf16_ps(a[m][i], (__m512bh)q[i], xk);
+      }
+    }
+    // (scale, zero) pairs of rows 0..15, 16..31, 32..47, 48..63, then regrouped by nibble.
+    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
+    __m512i raw[4];
+    for (int j = 0; j < 4; ++j) raw[j] = _mm512_loadu_si512(s + j * 32);
+    const __m512i by_nibble[4] = {_mm512_permutex2var_epi32(raw[0], even, raw[1]),
+                                  _mm512_permutex2var_epi32(raw[2], even, raw[3]),
+                                  _mm512_permutex2var_epi32(raw[0], odd, raw[1]),
+                                  _mm512_permutex2var_epi32(raw[2], odd, raw[3])};
+    for (int i = 0; i < 4; ++i) {
+      const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(by_nibble[i], 16));
+      const __m512 zero = _mm512_castsi512_ps(
+          _mm512_and_si512(by_nibble[i], _mm512_set1_epi32(0xFFFF0000)));
+      for (int m = 0; m < M; ++m) {
+        o[m][i] = _mm512_fmadd_ps(a[m][i], scale, o[m][i]);
+        o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(xsum[m * G + g]), o[m][i]);
+      }
+    }
+  }
+  // Back to row order: rows 0..31 interleave o[0] (even) and o[2] (odd), rows 32..63 o[1], o[3].
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  for (int m = 0; m < M; ++m) {
+    const __m512 rows[4] = {_mm512_permutex2var_ps(o[m][0], lo, o[m][2]),
+                            _mm512_permutex2var_ps(o[m][0], hi, o[m][2]),
+                            _mm512_permutex2var_ps(o[m][1], lo, o[m][3]),
+                            _mm512_permutex2var_ps(o[m][1], hi, o[m][3])};
+    for (int j = 0; j < 4; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * ldo + n0 + 16 * j),
+                          fp32x16_to_bf16(rows[j]));
+  }
+}
+
+using DotFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
+                       const at::BFloat16*, const float*, at::BFloat16*, int64_t);
+constexpr DotFn kDots[kRows] = {block_dot<1>, block_dot<2>, block_dot<3>, block_dot<4>};
+
+bool cpu_has_dot() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
-                     const at::Tensor& scales_zeros, int64_t group_size) {
+                     const at::Tensor& scales_zeros, int64_t group_size, bool bf16_dot) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   const int64_t G = scales_zeros.size(0);
@@ -165,13 +277,18 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t blocks = N / kBlockN;
+  const bool dot = bf16_dot && cpu_has_dot();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
       for (int64_t m0 = 0; m0 < M; m0 += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-        kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xp + m0 * K, xs + m0 * G,
+        if (dot)
+          kDots[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xin + m0 * K, xs + m0 * G,
                           op + m0 * N, N);
+        else
+          kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xp + m0 * K, xs + m0 * G,
+                            op + m0 * N, N);
       }
     }
   });
@@ -222,7 +339,9 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
 }  // namespace
 
 TORCH_LIBRARY(vllm_omni_C, m) {
-  m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.def(
+      "int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, "
+      "bool bf16_dot=True) -> Tensor");
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
