@@ -71,6 +71,13 @@ void check_pack(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_
   TORCH_CHECK(packed.numel() == N * K / 2, "packed must hold N * K / 2 bytes");
 }
 
+// Sets a block's [M][4] accumulators to 0.
+template <int M>
+inline void zero(__m512 (*acc)[M][4]) {
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < 4; ++j) (*acc)[m][j] = _mm512_setzero_ps();
+}
+
 // One block of 64 output rows, `m` (1..kRows) rows of x. xf: fp32 [m, K]; xsum: fp32 [m, G].
 template <int M>
 void block(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0, int64_t K,
@@ -78,19 +85,16 @@ void block(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0
   const __m512 lut = code_table();
   const int64_t G = K / gs;
   __m512 o[M][4];
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j < 4; ++j) o[m][j] = _mm512_setzero_ps();
+  zero(&o);
   for (int64_t g = 0; g < G; ++g) {
     __m512 a[M][4];
-    for (int m = 0; m < M; ++m)
-      for (int j = 0; j < 4; ++j) a[m][j] = _mm512_setzero_ps();
+    zero(&a);
     const uint8_t* p = w + g * gs * 32;
     const float* xg = xf + g * gs;
     // Two k per iteration into two sets of accumulators: eight independent FMA chains, so the
     // FMA latency is hidden behind the table lookups.
     __m512 b[M][4];
-    for (int m = 0; m < M; ++m)
-      for (int j = 0; j < 4; ++j) b[m][j] = _mm512_setzero_ps();
+    zero(&b);
     for (int64_t k = 0; k < gs; k += 2, p += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T1);
       __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -188,12 +192,10 @@ OMNI_DOT_TARGET void block_dot(const uint8_t* w, const at::BFloat16* sz, int64_t
   const int64_t G = K / gs;
   // o[m][i]: accumulators in nibble order (rows 2d, 2d + 32, 2d + 1, 2d + 33 for lane d)
   __m512 o[M][4];
-  for (int m = 0; m < M; ++m)
-    for (int i = 0; i < 4; ++i) o[m][i] = _mm512_setzero_ps();
+  zero(&o);
   for (int64_t g = 0; g < G; ++g) {
     __m512 a[M][4];
-    for (int m = 0; m < M; ++m)
-      for (int i = 0; i < 4; ++i) a[m][i] = _mm512_setzero_ps();
+    zero(&a);
     const uint8_t* p = w + g * gs * 32;
     const at::BFloat16* xg = xb + g * gs;
     for (int64_t k = 0; k < gs; k += 2, p += 64) {
