@@ -36,10 +36,12 @@ def _quantization() -> dict:
 
 
 def _kernels() -> dict:
-    from vllm_omni.ops import native
+    from vllm_omni.ops import int4_linear, native
 
     st = native.load()  # builds them on first use (about 10 s)
-    return {"cpu_int4_native": {"available": st.available, "reason": st.reason}}
+    # which functions torch.ops.vllm_omni.* dispatch to on CPU: "native" (C++) or "python"
+    return {"cpu_int4_native": {"available": st.available, "reason": st.reason,
+                                "op_kernels": int4_linear.kernels()}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
     nat = info["kernels"]["cpu_int4_native"]
     # Not a failure: cpu_int4 then runs on torch's int4 kernels, slower.
     print(f"kernels      cpu_int4  {'native' if nat['available'] else 'torch fallback'}: "
-          f"{nat['reason']}")
+          f"{nat['reason']}; ops run the {nat['op_kernels']} kernels")
     return 0 if ok else 1

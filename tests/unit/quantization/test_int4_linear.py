@@ -1,4 +1,5 @@
-"""The cpu_int4_linear custom op: both branches against dequantize-then-matmul."""
+"""The cpu_int4_linear custom op: both branches against dequantize-then-matmul, for the
+registered op (the native C++ kernel where it loads) and for its Python kernel."""
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ from vllm_omni.quantization import grid
 N, K = 208, 512  # 3 full AVX-512 blocks and a 16-row tail
 
 
-@pytest.fixture(scope="module")
-def op():
-    return int4_linear.op()
+@pytest.fixture(scope="module", params=["registered", "python"])
+def op(request):
+    registered = int4_linear.op()
+    return registered if request.param == "registered" else int4_linear.cpu_int4_linear
 
 
 def _layer(group_size):
@@ -37,7 +39,8 @@ def test_op_equals_dequantize_then_matmul(op, group_size, rows):
     assert (dense.float() - ref).abs().max() <= scale * 2 ** -7
 
 
-def test_threshold_picks_the_branch_by_rows(op, monkeypatch):
+def test_threshold_picks_the_branch_by_rows(monkeypatch):
+    op = int4_linear.cpu_int4_linear  # the native kernel's branches: test_native.py
     packed, sz, _ = _layer(128)
     calls = []
     real = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -61,8 +64,9 @@ def test_bias_and_leading_dims(op):
     assert (y.float() - ref.float()).abs().max() <= ref.float().abs().max() * 2 ** -6
 
 
-def test_op_is_opaque_to_torch_compile(op):
+def test_op_is_opaque_to_torch_compile():
     """One graph, no break, no guard on the row count: the branch lives inside the op."""
+    op = int4_linear.op()
     packed, sz, _ = _layer(128)
     torch._dynamo.reset()
     counts = torch._dynamo.testing.CompileCounter()

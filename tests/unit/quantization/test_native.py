@@ -81,23 +81,107 @@ def test_kernels_refuse_what_they_cannot_read():
         torch.ops.vllm_omni_C.int4_dequant_t(packed, sz, 128, 32, 192)
 
 
+def _python_op(*args, native_ok=True, monkeypatch=None):
+    """The Python kernel of the op, with the native kernels usable from it or not."""
+    if not native_ok:
+        monkeypatch.setattr(native, "available", lambda: False)
+    try:
+        return int4_linear.cpu_int4_linear(*args)
+    finally:
+        if not native_ok:
+            monkeypatch.undo()
+
+
 @needs_isa
-@pytest.mark.parametrize("rows,threshold", [(1, 16), (5, 16), (16, 16), (64, 0)])
-def test_op_uses_the_native_kernels_when_they_load(rows, threshold, monkeypatch):
+def test_the_ops_cpu_kernels_are_the_native_ones_when_they_load():
+    int4_linear.register()
+    assert int4_linear.kernels() == "native"
+    for name in (int4_linear.OP_NAME, int4_linear.EMBEDDING_OP_NAME):
+        dump = torch._C._dispatch_dump(f"{int4_linear.NAMESPACE}::{name}")
+        cpu = [line for line in dump.splitlines() if line.startswith("CPU:")]
+        assert len(cpu) == 1 and "int4_cpu.cpp" in cpu[0], dump
+
+
+@needs_isa
+@pytest.mark.parametrize("rows,threshold", [(1, 16), (5, 16), (16, 16), (64, 0), (70, 0)])
+def test_native_op_equals_its_python_twin(rows, threshold, monkeypatch):
     op = int4_linear.op()
     packed, sz, _ = _layer(64)
     x = torch.randn(rows, K).bfloat16()
-    fast = op(x, packed, sz, 64, threshold)
+    bias = torch.randn(N).bfloat16()
+    fast = op(x, packed, sz, 64, threshold, bias)
+    assert torch.equal(fast, _python_op(x, packed, sz, 64, threshold, bias))
     if rows < threshold:
-        assert torch.equal(fast, torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 64))
+        assert torch.equal(fast, torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 64) + bias)
     else:
         wt = torch.ops.vllm_omni_C.int4_dequant_t(packed, sz, 64, 0, N)
-        assert torch.equal(fast, torch.mm(x, wt))
-    monkeypatch.setattr(native, "available", lambda: False)
-    slow = op(x, packed, sz, 64, threshold)
+        assert torch.equal(fast, torch.mm(x, wt) + bias)
+    # leading dimensions and a float32 input come back as they went in
+    x3 = x.float().view(1, rows, K)
+    y3 = op(x3, packed, sz, 64, threshold)
+    assert y3.shape == (1, rows, N) and y3.dtype == torch.float32
+    assert torch.equal(y3, _python_op(x3, packed, sz, 64, threshold, None))
+    # without the native library: torch's int4 GEMM, or the Python unpacking, within rounding
+    slow = _python_op(x, packed, sz, 64, threshold, bias, native_ok=False, monkeypatch=monkeypatch)
     if rows < threshold:
-        assert torch.equal(slow, torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz))
+        ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz) + bias
+        assert torch.equal(slow, ref)
     assert (fast.float() - slow.float()).abs().max() <= slow.float().abs().max() * 2 ** -6
+
+
+@needs_isa
+def test_native_op_chunks_the_many_row_path_like_python(monkeypatch):
+    """A weight wider than one dequantized chunk: the C++ loop over chunks must fill every
+    column (int4_pack.chunk_rows(K) rows per chunk: 64 MiB / 4K = 32768 rows here)."""
+    n = int4_pack.chunk_rows(K) + 192
+    packed, sz, w = _layer(128, n=n)
+    x = torch.randn(40, K).bfloat16()
+    y = int4_linear.op()(x, packed, sz, 128, 32)
+    assert torch.equal(y, _python_op(x, packed, sz, 128, 32, None))
+
+
+@needs_isa
+@pytest.mark.parametrize("rows,threshold", [(1, 16), (40, 16)])
+def test_native_op_on_a_partial_last_block(rows, threshold):
+    """N = 208: three full blocks and a 16-row tail, which only torch's GEMM reads natively."""
+    packed, sz, w = _layer(128, n=208)
+    x = torch.randn(rows, K).bfloat16()
+    y = int4_linear.op()(x, packed, sz, 128, threshold)
+    ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 128, sz)
+    assert torch.equal(y, ref)
+    py = _python_op(x, packed, sz, 128, threshold, None)
+    assert (y.float() - py.float()).abs().max() <= py.float().abs().max() * 2 ** -6
+
+
+@needs_isa
+@pytest.mark.parametrize("n", [N, 208])
+def test_native_embedding_equals_the_python_lookup(n):
+    packed, sz, w = _layer(64, n=n)
+    ids = torch.tensor([[0, 31, 32, 63], [64, 191, n - 1, n - 16]])
+    rows = int4_linear.embedding_op()(ids, packed, sz, K)
+    assert rows.shape == (2, 4, K) and rows.dtype == torch.bfloat16
+    assert torch.equal(rows, int4_linear.cpu_int4_embedding(ids, packed, sz, K))
+    assert torch.equal(rows.view(-1, K), w[ids.view(-1)])
+    with pytest.raises(RuntimeError, match="out of"):
+        int4_linear.embedding_op()(torch.tensor([n]), packed, sz, K)
+
+
+def test_without_the_native_library_the_python_kernels_run(tmp_path):
+    """A fresh process with the library switched off registers the Python functions."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from vllm_omni.ops import int4_linear\n"
+        "int4_linear.register()\n"
+        "print(int4_linear.kernels())\n"
+        "print([l for l in torch._C._dispatch_dump('vllm_omni::cpu_int4_linear').splitlines()"
+        " if l.startswith('CPU:')][0])\n")
+    env = dict(__import__("os").environ, **{envs.VLLM_OMNI_DISABLE_NATIVE_INT4: "1"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out[0] == "python" and "int4_linear.py" in out[1], out
 
 
 def test_off_switch_and_missing_isa_give_reasons(monkeypatch):

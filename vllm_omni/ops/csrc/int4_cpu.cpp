@@ -29,7 +29,10 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -338,6 +341,116 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
   return wt;
 }
 
+// ---- The kernels of the vllm_omni ops themselves -----------------------------------------
+//
+// vllm_omni::cpu_int4_linear and cpu_int4_embedding are defined (schema and fake) in Python,
+// vllm_omni/ops/int4_linear.py, which also holds their Python implementations. When this
+// library loads, Python asks it (register_kernels) to be their CPU kernels instead: a decode step
+// calls the linear about a hundred times, and the Python body cost about 8 us per call, more than
+// the GEMV itself takes for a small weight. Same branches and same values as the Python ones.
+
+// Rows of W^T dequantized at once on the many-row path: whole blocks, about 64 MiB of fp32-sized
+// values (int4_pack.chunk_rows with REPACK_CHUNK_BYTES).
+int64_t chunk_rows(int64_t K) {
+  const int64_t rows = ((int64_t{64} << 20) / std::max<int64_t>(1, 4 * K)) / kBlockN * kBlockN;
+  return std::max<int64_t>(kBlockN, rows);
+}
+
+at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
+                           const at::Tensor& scales_zeros, int64_t group_size,
+                           int64_t row_threshold, const std::optional<at::Tensor>& bias) {
+  const int64_t K = x.size(-1), N = scales_zeros.size(1);
+  at::Tensor x2 = x.reshape({-1, K});
+  if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
+  x2 = x2.contiguous();
+  const int64_t rows = x2.size(0);
+  at::Tensor y;
+  if (N % kBlockN != 0) {
+    // A partial last block: torch's kernel reads it (rare: N is a multiple of 16 only).
+    y = at::_weight_int4pack_mm_for_cpu(x2, packed, group_size, scales_zeros);
+  } else if (rows < row_threshold) {
+    y = int4_gemv(x2, packed, scales_zeros, group_size, true);
+  } else {
+    const int64_t step = chunk_rows(K);
+    if (step >= N) {
+      y = at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, 0, N));
+    } else {
+      y = at::empty({rows, N}, x2.options());
+      for (int64_t r = 0; r < N; r += step) {
+        const int64_t end = std::min(N, r + step);
+        y.narrow(1, r, end - r).copy_(
+            at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, r, end)));
+      }
+    }
+  }
+  if (bias.has_value()) y = y + bias->to(y.scalar_type());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(N);
+  return y.view(shape).to(x.scalar_type());
+}
+
+// Rows `ids` of the weight, dequantized: ids [...] -> bf16 [..., K]. Full blocks use the
+// AVX-512 arrangement; a partial last block packs two consecutive rows per byte (int4_pack.py).
+at::Tensor cpu_int4_embedding(const at::Tensor& ids, const at::Tensor& packed,
+                              const at::Tensor& scales_zeros, int64_t K) {
+  const int64_t N = scales_zeros.size(1), G = scales_zeros.size(0);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == N * K / 2 && scales_zeros.is_contiguous() &&
+                  scales_zeros.scalar_type() == at::kBFloat16 && K % G == 0,
+              "cpu_int4_embedding: packed uint8 [N, K/2], scales_zeros bf16 [G, N, 2]");
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
+  const int64_t T = flat.numel(), gs = K / G, full = N / kBlockN * kBlockN;
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(K);
+  at::Tensor out = at::empty(shape, scales_zeros.options());
+  const int64_t* id = flat.data_ptr<int64_t>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = out.data_ptr<at::BFloat16>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(0 <= id[t] && id[t] < N, "cpu_int4_embedding: id ", id[t], " out of [0, ", N, ")");
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = id[t];
+      const uint8_t* p;
+      int64_t stride, shift;
+      if (n < full) {  // byte k * 32 + (n % 32) of its block, high nibble for n % 64 >= 32
+        const int64_t local = n % kBlockN;
+        p = w + (n - local) * K / 2 + local % 32;
+        stride = 32;
+        shift = local >= 32 ? 4 : 0;
+      } else {  // byte k * width/2 + local/2 of the tail, high nibble for odd local
+        const int64_t local = n - full, width = N - full;
+        p = w + full * K / 2 + local / 2;
+        stride = width / 2;
+        shift = (local % 2) * 4;
+      }
+      at::BFloat16* o = dst + t * K;
+      for (int64_t g = 0; g < G; ++g) {
+        const float scale = static_cast<float>(sz[(g * N + n) * 2]);
+        const float zero = static_cast<float>(sz[(g * N + n) * 2 + 1]);
+        for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+          const int q = (p[k * stride] >> shift) & 0x0F;
+          o[k] = at::BFloat16(std::fma(static_cast<float>(q - 8), scale, zero));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// Makes this library the CPU kernels of the two vllm_omni ops (their schemas must be defined).
+void register_kernels() {
+  static torch::Library* lib = [] {
+    auto* l = new torch::Library(torch::Library::IMPL, "vllm_omni", c10::DispatchKey::CPU,
+                                 __FILE__, __LINE__);
+    l->impl("cpu_int4_linear", TORCH_FN(cpu_int4_linear));
+    l->impl("cpu_int4_embedding", TORCH_FN(cpu_int4_embedding));
+    return l;
+  }();
+  (void)lib;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(vllm_omni_C, m) {
@@ -347,6 +460,7 @@ TORCH_LIBRARY(vllm_omni_C, m) {
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
+  m.def("register_kernels() -> ()", &register_kernels);
 }
 
 TORCH_LIBRARY_IMPL(vllm_omni_C, CPU, m) {
