@@ -120,32 +120,30 @@ def request_amx() -> bool:
 
 
 def register() -> None:
-    """Define both ops (once per process) and give them their CPU kernels.
+    """Register both ops with vLLM's ``direct_register_custom_op`` (once per process).
 
-    The schemas and fake (meta) kernels come from the Python functions here, as vLLM's
-    ``direct_register_custom_op`` would make them. The CPU kernels are the native library's
-    (``csrc/int4_cpu.cpp``) when it loads, so a call costs no Python; otherwise the Python
-    functions above. ``kernels()`` says which.
+    Schemas and fake (meta) kernels come from the Python functions here. When the native
+    library (``csrc/int4_cpu.cpp``) loads, it becomes the ops' CPU kernels, so a call costs no
+    Python; the Python functions are then registered under CompositeExplicitAutograd, which a
+    backend kernel outranks, and serve no CPU call. Otherwise they are the CPU kernels.
+    ``kernels()`` says which run.
     """
     global _KERNELS
     with _lock:
         request_amx()
         if registered():
             return
-        from torch.library import infer_schema
+        from vllm.utils.torch_utils import direct_register_custom_op
 
-        ops = ((OP_NAME, cpu_int4_linear, cpu_int4_linear_fake),
-               (EMBEDDING_OP_NAME, cpu_int4_embedding, cpu_int4_embedding_fake))
-        for name, fn, fake in ops:
-            _LIB.define(name + infer_schema(fn, mutates_args=[]))
-            _LIB._register_fake(name, fake)
-        if native.available():
+        use_native = native.available()
+        key = "CompositeExplicitAutograd" if use_native else "CPU"
+        for name, fn, fake in ((OP_NAME, cpu_int4_linear, cpu_int4_linear_fake),
+                               (EMBEDDING_OP_NAME, cpu_int4_embedding, cpu_int4_embedding_fake)):
+            direct_register_custom_op(name, fn, mutates_args=[], fake_impl=fake, target_lib=_LIB,
+                                      dispatch_key=key)
+        if use_native:
             torch.ops.vllm_omni_C.register_kernels()
-            _KERNELS = "native"
-        else:
-            for name, fn, _ in ops:
-                _LIB.impl(name, fn, dispatch_key="CPU")
-            _KERNELS = "python"
+        _KERNELS = "native" if use_native else "python"
 
 
 def kernels() -> Optional[str]:
