@@ -47,7 +47,7 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_omni.errors import OmniInputError
-from vllm_omni.ops import int4_linear, int4_pack, native
+from vllm_omni.ops import int4_linear, int4_pack
 from vllm_omni.quantization import grid
 
 logger = logging.getLogger("vllm.omni")
@@ -206,9 +206,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        int4_linear.register()  # normally done by the plugin already; apply() needs the ops
-        # Build or load the native kernels here, in the worker, before anything is traced.
-        native.load()
+        # Normally done by the plugin already; apply() needs the ops. It also builds or loads
+        # the native kernels, here in the worker, before anything is traced.
+        int4_linear.register()
         cfg = self.config
         g = cfg.group_size
         n, k = sum(output_partition_sizes), input_size_per_partition
