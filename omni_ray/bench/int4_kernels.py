@@ -6,7 +6,7 @@
    cpu_int4 g128 weight, so nothing is reused from cache. One batch-1 GEMM per weight in layer
    order is one decode step's weight reads. Timed per pass (median of ``--passes``, kernels
    interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu``, the native GEMV's fp32
-   loop and its bf16-dot loop.
+   loop and its int16-VNNI loop.
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -62,8 +62,8 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
                                                                             GROUP_SIZE, s),
         "native-fp32": lambda k, p, s: torch.ops.vllm_omni_C.int4_gemv(xs[k], p, s, GROUP_SIZE,
                                                                        False),
-        "native-bf16-dot": lambda k, p, s: torch.ops.vllm_omni_C.int4_gemv(xs[k], p, s,
-                                                                           GROUP_SIZE, True),
+        "native-vnni": lambda k, p, s: torch.ops.vllm_omni_C.int4_gemv(xs[k], p, s, GROUP_SIZE,
+                                                                       True),
     }
     ms = {name: [] for name in kernels}
     for _ in range(passes + 1):  # the first pass warms up and is dropped

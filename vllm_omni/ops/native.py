@@ -31,8 +31,8 @@ NAME = "vllm_omni_int4_cpu"
 CFLAGS = ("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma")
 LDFLAGS = ("-fopenmp",)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma")
-# With these as well, the GEMV uses bf16 dot products (the C++ side checks them at run time).
-DOT_FLAGS = ("avx512_bf16", "avx512vbmi")
+# With these as well, the GEMV uses int8 dot products (the C++ side checks them at run time).
+DOT_FLAGS = ("avx512_vnni", "avx512vbmi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,5 +116,5 @@ def available() -> bool:
 
 
 def gemv_variant() -> str:
-    """Which inner loop the native GEMV runs here: "bf16-dot" or "fp32"."""
-    return "bf16-dot" if set(DOT_FLAGS) <= cpu_flags() else "fp32"
+    """Which inner loop the native GEMV runs here: "int16-vnni" or "fp32"."""
+    return "int16-vnni" if set(DOT_FLAGS) <= cpu_flags() else "fp32"

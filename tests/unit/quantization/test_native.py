@@ -29,14 +29,14 @@ def test_loads_on_an_avx512_machine():
 
 
 @needs_isa
-@pytest.mark.parametrize("bf16_dot", [True, False])
+@pytest.mark.parametrize("vnni", [True, False])
 @pytest.mark.parametrize("group_size", grid.GROUP_SIZES)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9])
-def test_gemv_matches_the_fp32_reference(group_size, rows, bf16_dot):
+def test_gemv_matches_the_fp32_reference(group_size, rows, vnni):
     packed, sz, w = _layer(group_size)
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
     ref = F.linear(x.float(), w.float())
-    y = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, group_size, bf16_dot)
+    y = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, group_size, vnni)
     assert y.shape == (rows, N) and y.dtype == torch.bfloat16
     # summing per group before scaling reorders fp32 additions: within bf16 output rounding
     assert (y.float() - ref).abs().max() <= ref.abs().max() * 2 ** -7
@@ -55,20 +55,57 @@ def test_dequant_is_exactly_the_python_unpacking(group_size):
     assert torch.equal(part, wt[:, 64:192])
 
 
-@pytest.mark.skipif(not set(native.DOT_FLAGS) <= native.cpu_flags(), reason="no AVX512_BF16")
+needs_vnni = pytest.mark.skipif(not set(native.DOT_FLAGS) <= native.cpu_flags(),
+                                reason="no AVX512_VNNI + AVX512_VBMI")
+
+
+@needs_vnni
 def test_both_gemv_loops_agree_on_a_real_shape():
-    """The bf16-dot loop (rows in nibble order, put back at the end) and the fp32 loop, on a
+    """The int16-VNNI loop (x in fixed point) and the fp32 loop (exact products), on a
     qwen2.5-0.5b down_proj shape: 14 blocks of 64 rows, K 4864 (38 groups)."""
     w = torch.randn(896, 4864, generator=torch.Generator().manual_seed(1)).bfloat16()
     qw = grid.quantize(w, 128)
     packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
     x = torch.randn(3, 4864, generator=torch.Generator().manual_seed(2)).bfloat16()
-    dot = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, True).float()
+    vnni = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, True).float()
     fp32 = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, False).float()
     ref = F.linear(x.float(), grid.dequantize(qw).float())
-    assert native.gemv_variant() == "bf16-dot"
-    assert (dot - fp32).abs().max() <= ref.abs().max() * 2 ** -7
-    assert (dot - ref).abs().max() <= ref.abs().max() * 2 ** -7
+    assert native.gemv_variant() == "int16-vnni"
+    assert (vnni - fp32).abs().max() <= ref.abs().max() * 2 ** -7
+    assert (vnni - ref).abs().max() <= ref.abs().max() * 2 ** -7
+
+
+def _fixed_point_reference(x, w, group_size):
+    """What the VNNI loop computes, in float64: x rounded to 15-bit fixed point per group
+    (step = max|x| / 16383), times the dequantized weight."""
+    xg = x.double().reshape(x.shape[0], -1, group_size)
+    step = xg.abs().amax(-1, keepdim=True) / 16383
+    fixed = torch.where(step > 0, torch.round(xg / step.clamp_min(1e-300)) * step, 0.0)
+    return fixed.reshape(x.shape) @ w.double().t()
+
+
+@needs_vnni
+@pytest.mark.parametrize("group_size", grid.GROUP_SIZES)
+def test_vnni_loop_rounds_only_x_and_only_to_its_fixed_point(group_size):
+    """The VNNI loop's one rounding besides the bf16 output's is x to fixed point. With a wide
+    range of x inside one group (1e-4 next to 30) it stays within 2^-8 of the largest output
+    of the exact product, which bf16 output rounding alone reaches 2^-9; x rounded to int8
+    instead of 15 bits lands near 2^-6 here and fails."""
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(group_size)).bfloat16()
+    qw = grid.quantize(w, group_size)
+    packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
+    w = grid.dequantize(qw, torch.float32)  # the kernel's weights: not rounded to bf16
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(3))
+    x[0, ::7] *= 1e-4
+    x[1, 5] = 30.0
+    x = x.bfloat16()
+    y = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, group_size, True).double()
+    fixed = _fixed_point_reference(x, w, group_size)
+    assert (y - fixed).abs().max() <= fixed.abs().max() * 2 ** -8
+    exact = x.double() @ w.double().t()
+    assert (y - exact).abs().max() <= exact.abs().max() * 2 ** -8
+    zero = torch.ops.vllm_omni_C.int4_gemv(torch.zeros(1, K).bfloat16(), packed, sz, group_size)
+    assert torch.equal(zero, torch.zeros(1, N).bfloat16())
 
 
 @needs_isa

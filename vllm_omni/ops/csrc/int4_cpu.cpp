@@ -5,17 +5,17 @@
 // 32 bytes per k: byte j holds row j's code in its low nibble and row j + 32's in its high one.
 // scales_zeros is bf16 [G, N, 2] (scale, zero); w = (q - 8) * scale + zero.
 //
-// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size, bf16_dot=True): y = x @ W^T for a
+// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size, vnni=True): y = x @ W^T for a
 //   few rows. Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every
 //   weight and streams a 0.5B model's int4 weights at about 12.5 GB/s on two cores of this
 //   machine. Here the sum over a group is taken on (q - 8) alone, and scale and zero are applied
 //   once per group:
 //     y[n] = sum_g scale[g,n] * sum_{k in g} (q[n,k] - 8) x[k] + zero[g,n] * sum_{k in g} x[k].
-//   Two inner loops compute the group sums. With AVX512_BF16 and AVX512_VBMI (and bf16_dot),
-//   codes become bf16 through a table and vdpbf16ps takes two k per instruction (block_dot,
-//   about 21.5 GB/s on that stream); otherwise codes become fp32 through a table (vpermps) and
-//   fp32 FMAs take one k (block, about 20 GB/s). Rows of x go four at a time, sharing the
-//   converted codes; the weights are prefetched 4 KiB ahead into L2.
+//   Two inner loops compute the group sums. With AVX512_VNNI and AVX512_VBMI (and vnni), x
+//   enters as 15-bit fixed point per group (rounding at most 2^-15 of the group's largest |x|)
+//   and vpdpbusd takes 4 k of 16 rows per instruction on the codes as they are (block_vnni);
+//   otherwise codes become fp32 through a table (vpermps) and fp32 FMAs take one k (block,
+//   exact products, fp32 sums). The weights are prefetched 4 KiB ahead into L2.
 //
 // vllm_omni_C::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): the bf16
 //   W^T [K, n_end - n_begin] of those output rows, for the many-row path (a bf16 matmul then
@@ -47,6 +47,12 @@ inline __m256i fp32x16_to_bf16(__m512 v) {
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// 16 bf16 at p as fp32 (exact: bf16 is the top half of an fp32).
+inline __m512 bf16x16_to_fp32(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
 // q - 8 for q = 0..15, as floats: the table vpermps looks codes up in.
@@ -151,124 +157,150 @@ using BlockFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, 
                          const float*, const float*, at::BFloat16*, int64_t);
 constexpr BlockFn kBlocks[kRows] = {block<1>, block<2>, block<3>, block<4>};
 
-// ---- The same block with bf16 dot products (AVX512_BF16 + AVX512_VBMI) -------------------
+// ---- The same block with int16 activations and u8 x s8 dot products (AVX512_VNNI + VBMI) --
 //
-// Per two k (64 bytes), the fp32 kernel spends 24 vector instructions; this one 12. vpermb
-// first moves the bytes of k and k + 1 that hold the same rows next to each other: dword d =
-// (byte 2d, byte 2d+1 of k; byte 2d, byte 2d+1 of k+1). Each of the 4 nibbles of a 16-bit word
-// is then looked up in a 32-entry bf16 table (vpermw reads the low 5 bits, so the table holds
-// q - 8 twice), which leaves every dword holding the same row's code at k and at k + 1, and
-// vdpbf16ps multiplies that pair by (x[k], x[k+1]) and adds both products into an fp32 lane.
-// bf16 x bf16 products are exact in fp32. Nibble i of dword d is row 2d (i = 0), 2d + 32
-// (i = 1), 2d + 1 (i = 2) or 2d + 33 (i = 3); scales are gathered in that order per group and
-// the sums are put back in row order once, at the end.
+// The fp32 loop spends 24 vector instructions per two k; a bf16 dot product loop (codes looked
+// up as bf16, vdpbf16ps) still 12, and streamed at ~16.5 GB/s on two cores where memory gives
+// ~23. vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them into an int32
+// lane: 64 multiply-adds per instruction, and the codes q = 0..15 are already unsigned bytes.
+//
+// x goes in as 15-bit fixed point per group: c = round(x / step), step = max|x| / 16383, split
+// into two signed bytes c = 128 * hi + lo (hi in -128..127, lo in 0..127), and each group's
+// integer sum sum_k q * c = 128 * sum q * hi + sum q * lo is exact in int32. The only rounding
+// is c's: at most step / 2 = 2^-15 of the group's largest |x|, 64 times below bf16's own
+// rounding of that element. The zero term uses the exact fp32 sum of x.
+//
+// vpermt2b gathers, from 4 k (two 64-byte rows pairs), dword n = the bytes of k..k+3 that hold
+// rows n and n + 32: its low nibbles are row n's codes, its high ones row n + 32's. Two
+// permutes cover the block's 64 rows in row order.
 
-#define OMNI_DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16,avx512vbmi")))
+#define OMNI_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi")))
 
-OMNI_DOT_TARGET inline __m512i dot_code_table() {
-  alignas(64) static const uint16_t table[32] = {
-      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // -8 .. -1
-      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,  //  0 ..  7
-      0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
-      0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
-  return _mm512_load_si512(table);
-}
+constexpr int kVnniRows = 2;  // 8 accumulators per row of x: two rows fill the registers
+constexpr int kFixedMax = 16383;
 
-OMNI_DOT_TARGET inline __m512i pair_bytes_index() {
-  alignas(64) static const uint8_t index[64] = {
-      0,  1,  32, 33, 2,  3,  34, 35, 4,  5,  36, 37, 6,  7,  38, 39,
-      8,  9,  40, 41, 10, 11, 42, 43, 12, 13, 44, 45, 14, 15, 46, 47,
-      16, 17, 48, 49, 18, 19, 50, 51, 20, 21, 52, 53, 22, 23, 54, 55,
-      24, 25, 56, 57, 26, 27, 58, 59, 28, 29, 60, 61, 30, 31, 62, 63};
+// vpermt2b index over the 128 bytes of k..k+3: dword n takes byte (first + n) of each k.
+OMNI_VNNI_TARGET inline __m512i quad_bytes_index(int first) {
+  alignas(64) uint8_t index[64];
+  for (int n = 0; n < 16; ++n)
+    for (int j = 0; j < 4; ++j) index[4 * n + j] = static_cast<uint8_t>(32 * j + first + n);
   return _mm512_load_si512(index);
 }
 
-template <int M>
-OMNI_DOT_TARGET void block_dot(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
-                               int64_t n0, int64_t K, int64_t gs, const at::BFloat16* xb,
-                               const float* xsum, at::BFloat16* out, int64_t ldo) {
-  const __m512i lut = dot_code_table();
-  const __m512i pairs = pair_bytes_index();
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
-                                         30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const int64_t G = K / gs;
-  // o[m][i]: accumulators in nibble order (rows 2d, 2d + 32, 2d + 1, 2d + 33 for lane d)
-  __m512 o[M][4];
-  zero(&o);
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 a[M][4];
-    zero(&a);
-    const uint8_t* p = w + g * gs * 32;
-    const at::BFloat16* xg = xb + g * gs;
-    for (int64_t k = 0; k < gs; k += 2, p += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T1);
-      const __m512i v = _mm512_permutexvar_epi8(pairs, _mm512_loadu_si512(p));
-      const __m512i q[4] = {
-          _mm512_permutexvar_epi16(v, lut),
-          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut),
-          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 8), lut),
-          _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 12), lut)};
-      for (int m = 0; m < M; ++m) {
-        int32_t xpair;
-        std::memcpy(&xpair, xg + m * K + k, sizeof(xpair));
-        const __m512bh xk = (__m512bh)_mm512_set1_epi32(xpair);
-        for (int i = 0; i < 4; ++i) a[m][i] = _mm512_dpbf16_ps(a[m][i], (__m512bh)q[i], xk);
-      }
+// One row of x (bf16, K) as fixed point per group of `gs`: hi, lo (K bytes each), step and the
+// code sum per group, and the fp32 sum of x per group.
+OMNI_VNNI_TARGET void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi,
+                                  int8_t* lo, float* step, int32_t* csum, float* xsum) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t g = 0; g < K / gs; ++g) {
+    __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      const __m512 v = bf16x16_to_fp32(x + k);
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign));
+      sum = _mm512_add_ps(sum, v);
     }
-    // (scale, zero) pairs of rows 0..15, 16..31, 32..47, 48..63, then regrouped by nibble.
-    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
-    __m512i raw[4];
-    for (int j = 0; j < 4; ++j) raw[j] = _mm512_loadu_si512(s + j * 32);
-    const __m512i by_nibble[4] = {_mm512_permutex2var_epi32(raw[0], even, raw[1]),
-                                  _mm512_permutex2var_epi32(raw[2], even, raw[3]),
-                                  _mm512_permutex2var_epi32(raw[0], odd, raw[1]),
-                                  _mm512_permutex2var_epi32(raw[2], odd, raw[3])};
-    for (int i = 0; i < 4; ++i) {
-      const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(by_nibble[i], 16));
-      const __m512 zero = _mm512_castsi512_ps(
-          _mm512_and_si512(by_nibble[i], _mm512_set1_epi32(0xFFFF0000)));
-      for (int m = 0; m < M; ++m) {
-        o[m][i] = _mm512_fmadd_ps(a[m][i], scale, o[m][i]);
-        o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(xsum[m * G + g]), o[m][i]);
-      }
+    const float top = _mm512_reduce_max_ps(amax);
+    xsum[g] = _mm512_reduce_add_ps(sum);
+    step[g] = top / kFixedMax;
+    const __m512 inv = _mm512_set1_ps(top > 0 ? kFixedMax / top : 0.0f);
+    const __m512i bound = _mm512_set1_epi32(kFixedMax);
+    __m512i codes = _mm512_setzero_si512();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
+      c = _mm512_max_epi32(_mm512_min_epi32(c, bound), _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                        bound));
+      codes = _mm512_add_epi32(codes, c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k),
+                       _mm512_cvtepi32_epi8(_mm512_srai_epi32(c, 7)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k),
+                       _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(127))));
     }
-  }
-  // Back to row order: rows 0..31 interleave o[0] (even) and o[2] (odd), rows 32..63 o[1], o[3].
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-  for (int m = 0; m < M; ++m) {
-    const __m512 rows[4] = {_mm512_permutex2var_ps(o[m][0], lo, o[m][2]),
-                            _mm512_permutex2var_ps(o[m][0], hi, o[m][2]),
-                            _mm512_permutex2var_ps(o[m][1], lo, o[m][3]),
-                            _mm512_permutex2var_ps(o[m][1], hi, o[m][3])};
-    for (int j = 0; j < 4; ++j)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * ldo + n0 + 16 * j),
-                          fp32x16_to_bf16(rows[j]));
+    csum[g] = _mm512_reduce_add_epi32(codes);
   }
 }
 
-using DotFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
-                       const at::BFloat16*, const float*, at::BFloat16*, int64_t);
-constexpr DotFn kDots[kRows] = {block_dot<1>, block_dot<2>, block_dot<3>, block_dot<4>};
+// x of M rows in fixed point, laid out as block_vnni reads it.
+struct FixedX {
+  std::vector<int8_t> hi, lo;
+  std::vector<float> step, xsum;
+  std::vector<int32_t> csum;
+};
 
-bool cpu_has_dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+template <int M>
+OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
+                                 int64_t n0, int64_t K, int64_t gs, const FixedX& fx, int64_t m0,
+                                 at::BFloat16* out, int64_t ldo) {
+  const __m512i index_lo = quad_bytes_index(0), index_hi = quad_bytes_index(16);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const int64_t G = K / gs;
+  __m512 o[M][4];
+  zero(&o);
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i ah[M][4], al[M][4];  // sum q * hi and sum q * lo, rows 16i .. 16i + 15
+    for (int m = 0; m < M; ++m)
+      for (int i = 0; i < 4; ++i) ah[m][i] = al[m][i] = _mm512_setzero_si512();
+    const uint8_t* p = w + g * gs * 32;
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, _MM_HINT_T1);
+      const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+      const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);  // rows 0..15 | 32..47
+      const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);  // 16..31 | 48..63
+      const __m512i q[4] = {_mm512_and_si512(rows_lo, nibble), _mm512_and_si512(rows_hi, nibble),
+                            _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble),
+                            _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble)};
+      for (int m = 0; m < M; ++m) {
+        int32_t h, l;
+        std::memcpy(&h, fx.hi.data() + (m0 + m) * K + k, sizeof(h));
+        std::memcpy(&l, fx.lo.data() + (m0 + m) * K + k, sizeof(l));
+        const __m512i xh = _mm512_set1_epi32(h), xl = _mm512_set1_epi32(l);
+        for (int i = 0; i < 4; ++i) {
+          ah[m][i] = _mm512_dpbusd_epi32(ah[m][i], q[i], xh);
+          al[m][i] = _mm512_dpbusd_epi32(al[m][i], q[i], xl);
+        }
+      }
+    }
+    // sum (q - 8) * c = 128 * sum q * hi + sum q * lo - 8 * sum c, then scale and zero.
+    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
+    for (int i = 0; i < 4; ++i) {
+      __m512 scale, zero;
+      load_scale_zero(s + i * 32, &scale, &zero);
+      for (int m = 0; m < M; ++m) {
+        const int64_t mg = (m0 + m) * G + g;
+        const __m512i dot = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32(ah[m][i], 7), al[m][i]),
+            _mm512_set1_epi32(8 * fx.csum[mg]));
+        o[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                  _mm512_mul_ps(scale, _mm512_set1_ps(fx.step[mg])), o[m][i]);
+        o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(fx.xsum[mg]), o[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * ldo + n0 + 16 * i),
+                          fp32x16_to_bf16(o[m][i]));
+}
+
+using VnniFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
+                        const FixedX&, int64_t, at::BFloat16*, int64_t);
+constexpr VnniFn kVnnis[kVnniRows] = {block_vnni<1>, block_vnni<2>};
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512vbmi");
   return has;
 }
 
-// Sums of x (bf16, K) over each group of `gs` (a multiple of 16), 16 lanes at a time; also x in
-// fp32 into xf unless it is null. A scalar loop here was one serial chain of K dependent adds:
+// Sums of x (bf16, K) over each group of `gs` (a multiple of 16), 16 lanes at a time, and x in
+// fp32 into xf. A scalar loop here was one serial chain of K dependent adds:
 // about 8 us for K = 4864, 7 % of that layer's GEMV.
 void group_sums(const at::BFloat16* x, int64_t K, int64_t gs, float* sums, float* xf) {
   for (int64_t g = 0; g < K / gs; ++g) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k))),
-          16));
-      if (xf) _mm512_storeu_ps(xf + k, v);
+      const __m512 v = bf16x16_to_fp32(x + k);
+      _mm512_storeu_ps(xf + k, v);
       acc = _mm512_add_ps(acc, v);
     }
     sums[g] = _mm512_reduce_add_ps(acc);
@@ -276,37 +308,45 @@ void group_sums(const at::BFloat16* x, int64_t K, int64_t gs, float* sums, float
 }
 
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
-                     const at::Tensor& scales_zeros, int64_t group_size, bool bf16_dot) {
+                     const at::Tensor& scales_zeros, int64_t group_size, bool vnni) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   const int64_t G = scales_zeros.size(0);
   check_pack(packed, scales_zeros, K, group_size);
-  // x's per-group sums (and x in fp32, which only the fp32 loop reads), once, before the
-  // threads start.
-  const bool dot = bf16_dot && cpu_has_dot();
-  std::vector<float> xbuf((dot ? 0 : M * K) + M * G);
-  float* xp = dot ? nullptr : xbuf.data();
-  float* xs = xbuf.data() + (dot ? 0 : M * K);
   const at::Tensor xc = x.contiguous();
   const at::BFloat16* xin = xc.data_ptr<at::BFloat16>();
-  for (int64_t m = 0; m < M; ++m)
-    group_sums(xin + m * K, K, group_size, xs + m * G, xp ? xp + m * K : nullptr);
+  // x prepared once, before the threads start: in fixed point for the VNNI loop, in fp32 with
+  // its per-group sums for the fp32 loop.
+  const bool use_vnni = vnni && cpu_has_vnni();
+  FixedX fx;
+  std::vector<float> xf, xs;
+  if (use_vnni) {
+    fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
+        fx.csum.resize(M * G);
+    for (int64_t m = 0; m < M; ++m)
+      fixed_point(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.lo.data() + m * K,
+                  fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
+  } else {
+    xf.resize(M * K), xs.resize(M * G);
+    for (int64_t m = 0; m < M; ++m)
+      group_sums(xin + m * K, K, group_size, xs.data() + m * G, xf.data() + m * K);
+  }
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t blocks = N / kBlockN;
+  const int64_t step = use_vnni ? kVnniRows : kRows;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, M - m0));
-        if (dot)
-          kDots[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xin + m0 * K, xs + m0 * G,
-                          op + m0 * N, N);
+      for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int rows = static_cast<int>(std::min<int64_t>(step, M - m0));
+        if (use_vnni)
+          kVnnis[rows - 1](wb, sz, N, b * kBlockN, K, group_size, fx, m0, op + m0 * N, N);
         else
-          kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xp + m0 * K, xs + m0 * G,
-                            op + m0 * N, N);
+          kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xf.data() + m0 * K,
+                            xs.data() + m0 * G, op + m0 * N, N);
       }
     }
   });
@@ -469,7 +509,7 @@ void register_kernels() {
 TORCH_LIBRARY(vllm_omni_C, m) {
   m.def(
       "int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, "
-      "bool bf16_dot=True) -> Tensor");
+      "bool vnni=True) -> Tensor");
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
