@@ -180,12 +180,16 @@ constexpr int kVnniRows = 2;  // 8 accumulators per row of x: two rows fill the 
 constexpr int kFixedMax = 16383;
 
 // vpermt2b index over the 128 bytes of k..k+3: dword n takes byte (first + n) of each k.
-OMNI_VNNI_TARGET inline __m512i quad_bytes_index(int first) {
-  alignas(64) uint8_t index[64];
+struct QuadIndex {
+  alignas(64) uint8_t bytes[64];
+};
+constexpr QuadIndex quad_index(int first) {
+  QuadIndex q{};
   for (int n = 0; n < 16; ++n)
-    for (int j = 0; j < 4; ++j) index[4 * n + j] = static_cast<uint8_t>(32 * j + first + n);
-  return _mm512_load_si512(index);
+    for (int j = 0; j < 4; ++j) q.bytes[4 * n + j] = static_cast<uint8_t>(32 * j + first + n);
+  return q;
 }
+constexpr QuadIndex kRowsLo = quad_index(0), kRowsHi = quad_index(16);
 
 // One row of x (bf16, K) as fixed point per group of `gs`: hi, lo (K bytes each), step and the
 // code sum per group, and the fp32 sum of x per group.
@@ -230,7 +234,8 @@ template <int M>
 OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
                                  int64_t n0, int64_t K, int64_t gs, const FixedX& fx, int64_t m0,
                                  at::BFloat16* out, int64_t ldo) {
-  const __m512i index_lo = quad_bytes_index(0), index_hi = quad_bytes_index(16);
+  const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
+  const __m512i index_hi = _mm512_load_si512(kRowsHi.bytes);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const int64_t G = K / gs;
   __m512 o[M][4];
