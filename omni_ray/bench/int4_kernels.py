@@ -6,7 +6,8 @@
    cpu_int4 g128 weight, so nothing is reused from cache. One batch-1 GEMM per weight in layer
    order is one decode step's weight reads. Timed per pass (median of ``--passes``, kernels
    interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu``, the native GEMV's fp32
-   loop and its int16-VNNI loop.
+   loop and its int16-VNNI loop, the latter with each weight prefetch mode (into L2, the
+   default, and non-temporal; ``set_weight_prefetch``).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -57,21 +58,28 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         weights.append((k, packed, sz))
         total += packed.numel() + sz.numel() * sz.element_size()
     xs = {k: torch.randn(1, k, generator=gen).bfloat16() for k in {k for k, _, _ in weights}}
+    gemv = torch.ops.vllm_omni_C.int4_gemv
+    # name -> (the VNNI loop's weight prefetch for the pass, or None, the kernel)
     kernels = {
-        "torch": lambda k, p, s: torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p,
-                                                                            GROUP_SIZE, s),
-        "native-fp32": lambda k, p, s: torch.ops.vllm_omni_C.int4_gemv(xs[k], p, s, GROUP_SIZE,
-                                                                       False),
-        "native-vnni": lambda k, p, s: torch.ops.vllm_omni_C.int4_gemv(xs[k], p, s, GROUP_SIZE,
-                                                                       True),
+        "torch": (None, lambda k, p, s: torch.ops.aten._weight_int4pack_mm_for_cpu(
+            xs[k], p, GROUP_SIZE, s)),
+        "native-fp32": (None, lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, False)),
+        "native-vnni": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
+        "native-vnni-nta": ("nta", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
     }
     ms = {name: [] for name in kernels}
-    for _ in range(passes + 1):  # the first pass warms up and is dropped
-        for name, fn in kernels.items():
-            t0 = time.perf_counter()
-            for k, p, s in weights:
-                fn(k, p, s)
-            ms[name].append((time.perf_counter() - t0) * 1e3)
+    default = torch.ops.vllm_omni_C.set_weight_prefetch("l2")
+    try:
+        for _ in range(passes + 1):  # the first pass warms up and is dropped
+            for name, (prefetch, fn) in kernels.items():
+                if prefetch:
+                    torch.ops.vllm_omni_C.set_weight_prefetch(prefetch)
+                t0 = time.perf_counter()
+                for k, p, s in weights:
+                    fn(k, p, s)
+                ms[name].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        torch.ops.vllm_omni_C.set_weight_prefetch(default)
     out = {"bytes_per_pass": total, "linears": len(weights), "gemv_variant":
            native.gemv_variant(), "threads": torch.get_num_threads(), "kernels": {}}
     for name, vals in ms.items():

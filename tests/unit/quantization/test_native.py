@@ -75,6 +75,26 @@ def test_both_gemv_loops_agree_on_a_real_shape():
     assert (vnni - ref).abs().max() <= ref.abs().max() * 2 ** -7
 
 
+@needs_vnni
+def test_weight_prefetch_mode_changes_no_value():
+    """The VNNI loop's prefetch switch (a benchmark knob) gives bitwise the same output, says
+    which mode was on, and refuses a mode it does not know."""
+    packed, sz, _ = _layer(128)
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(5)).bfloat16()
+    set_prefetch = torch.ops.vllm_omni_C.set_weight_prefetch
+    assert set_prefetch("l2") == "l2"  # the default
+    l2 = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, True)
+    try:
+        assert set_prefetch("nta") == "l2"
+        nta = torch.ops.vllm_omni_C.int4_gemv(x, packed, sz, 128, True)
+        with pytest.raises(RuntimeError, match="must be 'nta' or 'l2', got 'L1'"):
+            set_prefetch("L1")
+        assert set_prefetch("l2") == "nta"
+    finally:
+        set_prefetch("l2")
+    assert torch.equal(l2, nta)
+
+
 def _fixed_point_reference(x, w, group_size):
     """What the VNNI loop computes, in float64: x rounded to 15-bit fixed point per group
     (step = max|x| / 16383), times the dequantized weight."""

@@ -15,10 +15,9 @@
 //   enters as 15-bit fixed point per group (rounding at most 2^-15 of the group's largest |x|)
 //   and vpdpbusd takes 4 k of 16 rows per instruction on the codes as they are (block_vnni);
 //   otherwise codes become fp32 through a table (vpermps) and fp32 FMAs take one k (block,
-//   exact products, fp32 sums). The weights are prefetched 4 KiB ahead: into L2 in the fp32
-//   loop; non-temporally (NTA) in the VNNI loop, because each weight byte is read once per
-//   decode step and keeping it out of L2 leaves the caches to the activations, the KV cache and
-//   the interpreter between the GEMVs (measured: a whole compiled decode step ~15 % faster).
+//   exact products, fp32 sums). The weights are prefetched 4 KiB ahead into L2. The VNNI loop
+//   can prefetch non-temporally instead (set_weight_prefetch("nta")); measured side by side
+//   in one process it was slower, 8-10 % on the weight stream and ~5 % a decode step.
 //
 // vllm_omni_C::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): the bf16
 //   W^T [K, n_end - n_begin] of those output rows, for the many-row path (a bf16 matmul then
@@ -33,9 +32,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -233,7 +234,7 @@ struct FixedX {
   std::vector<int32_t> csum;
 };
 
-template <int M>
+template <int M, int Hint>
 OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
                                  int64_t n0, int64_t K, int64_t gs, const FixedX& fx, int64_t m0,
                                  at::BFloat16* out, int64_t ldo) {
@@ -249,8 +250,8 @@ OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64
       for (int i = 0; i < 4; ++i) ah[m][i] = al[m][i] = _mm512_setzero_si512();
     const uint8_t* p = w + g * gs * 32;
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_NTA);
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, _MM_HINT_NTA);
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, static_cast<_mm_hint>(Hint));
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, static_cast<_mm_hint>(Hint));
       const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
       const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);  // rows 0..15 | 32..47
       const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);  // 16..31 | 48..63
@@ -292,7 +293,19 @@ OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64
 
 using VnniFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
                         const FixedX&, int64_t, at::BFloat16*, int64_t);
-constexpr VnniFn kVnnis[kVnniRows] = {block_vnni<1>, block_vnni<2>};
+// [non-temporal][rows - 1]: see set_weight_prefetch.
+constexpr VnniFn kVnnis[2][kVnniRows] = {{block_vnni<1, _MM_HINT_T1>, block_vnni<2, _MM_HINT_T1>},
+                                         {block_vnni<1, _MM_HINT_NTA>, block_vnni<2, _MM_HINT_NTA>}};
+
+// How the VNNI loop prefetches weights: "l2" (default) or "nta". A process-wide switch so that a
+// benchmark can compare the two side by side in one process; returns the previous mode.
+std::atomic<bool> g_prefetch_nta{false};
+
+std::string set_weight_prefetch(const std::string& mode) {
+  TORCH_CHECK(mode == "nta" || mode == "l2", "set_weight_prefetch: mode must be 'nta' or 'l2', got '",
+              mode, "'");
+  return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
+}
 
 bool cpu_has_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni") &&
@@ -345,13 +358,14 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t blocks = N / kBlockN;
   const int64_t step = use_vnni ? kVnniRows : kRows;
+  const VnniFn* vnnis = kVnnis[g_prefetch_nta.load(std::memory_order_relaxed) ? 1 : 0];
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
       for (int64_t m0 = 0; m0 < M; m0 += step) {
         const int rows = static_cast<int>(std::min<int64_t>(step, M - m0));
         if (use_vnni)
-          kVnnis[rows - 1](wb, sz, N, b * kBlockN, K, group_size, fx, m0, op + m0 * N, N);
+          vnnis[rows - 1](wb, sz, N, b * kBlockN, K, group_size, fx, m0, op + m0 * N, N);
         else
           kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xf.data() + m0 * K,
                             xs.data() + m0 * G, op + m0 * N, N);
@@ -522,6 +536,7 @@ TORCH_LIBRARY(vllm_omni_C, m) {
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
   m.def("register_kernels() -> ()", &register_kernels);
+  m.def("set_weight_prefetch(str mode) -> str", &set_weight_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(vllm_omni_C, CPU, m) {
