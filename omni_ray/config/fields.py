@@ -210,7 +210,7 @@ def model(value: object, where: Where) -> str:
     raise where.error(f"not a directory and not a shape ({', '.join(SHAPES)})", value)
 
 
-PATCHES = ("aot_cache", "kv_budget", "release_memory")
+PATCHES = ("aot_cache", "kv_budget", "release_memory", "cpu_attention")
 
 
 def patch_names(value: object, where: Where) -> tuple[str, ...]:

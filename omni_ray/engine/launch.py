@@ -23,11 +23,13 @@ from omni_ray.results.store import write_json_atomic
 TAIL_LINES = 40
 
 # What the engine log says that the result needs: compile cache hits and misses, the KV size
-# vLLM allocated, and the allocator memory vllm_omni returned after load.
+# vLLM allocated, the allocator memory vllm_omni returned after load, and whether decode
+# attention took vllm_omni's short path (once per engine process).
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
     "kv_explicit_kept": re.compile(r"vllm_omni: keeping explicit kv_cache_memory_bytes"),
+    "cpu_attention_short_path": re.compile(r"vllm_omni: cpu_attention short path in use"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 _TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "

@@ -39,3 +39,29 @@ def test_off_switch(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_DISABLE_AOT_CACHE", "1")
     status = {s.name: s for s in patches.apply_all()}["aot_cache"]
     assert status.reason == "disabled by VLLM_OMNI_DISABLE_AOT_CACHE=1"
+
+
+def test_cpu_attention_refuses_a_vllm_whose_attention_code_changed(monkeypatch):
+    """The short path reproduces vLLM functions; one that differs from the fingerprinted
+    version stops the patch and is named."""
+    from vllm_omni.patches import cpu_attention
+
+    changed = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward"
+    monkeypatch.setitem(cpu_attention.REPLICATED, changed, "0" * 16)
+    with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed}$"):
+        cpu_attention.find_target()
+
+
+def test_cpu_attention_can_be_removed_and_applied_again():
+    """step_ab flips the patch within one process."""
+    from vllm_omni.patches import cpu_attention, is_marked
+
+    patches.apply_all()
+    try:
+        cpu_attention.remove()
+        assert cpu_attention._LIB is None and not is_marked(cpu_attention.find_target())
+        status = {s.name: s for s in patches.apply_all()}["cpu_attention"]
+        assert status.applied and cpu_attention._LIB is not None
+        assert is_marked(cpu_attention.find_target())
+    finally:
+        patches.apply_all()

@@ -86,3 +86,18 @@ def test_release_memory_after_load(run_arm, small_model):
     print(f"\nsmall: released {load[0]['released_mb']} MiB at load; settled RssAnon "
           f"{on['measurements']['rss_anon_tree_mb']:.1f} MiB with the patch, "
           f"{off['measurements']['rss_anon_tree_mb']:.1f} MiB without")
+
+
+def test_cpu_attention_short_path_computes_what_vllm_does(run_arm, tiny_model):
+    """Decode attention through vllm_omni's short path and through vLLM's own: the same
+    greedy tokens, and only the patched engine says it took the short path."""
+    wl = {"prompt_len": 24, "output_len": 48, "batch": 2, "warmup": 0, "repeats": 1}
+    on = run_arm(tiny_model, workload=wl)
+    off = run_arm(tiny_model, workload=wl, stage={"disable_patches": ["cpu_attention"]})
+    assert on["patch_report"]["cpu_attention"]["applied"] is True
+    assert off["patch_report"]["cpu_attention"]["reason"] == (
+        "disabled by VLLM_OMNI_DISABLE_CPU_ATTENTION=1")
+    assert on["log"]["cpu_attention_short_path"] == 1
+    assert off["log"]["cpu_attention_short_path"] == 0
+    ids = on["measurements"]["output_token_ids"]
+    assert ids and ids == off["measurements"]["output_token_ids"]

@@ -13,12 +13,12 @@ import dataclasses
 import logging
 
 from vllm_omni import envs
-from vllm_omni.patches import aot_cache, kv_budget, release_memory
+from vllm_omni.patches import aot_cache, cpu_attention, kv_budget, release_memory
 
 logger = logging.getLogger("vllm.omni")
 
 MARKER = "__vllm_omni_patch__"
-PATCHES = (aot_cache, kv_budget, release_memory)
+PATCHES = (aot_cache, kv_budget, release_memory, cpu_attention)
 
 
 @dataclasses.dataclass(frozen=True)
