@@ -82,8 +82,8 @@ def _current_checkpoint(int4: Path) -> bool:
     return qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD
 
 
-def prepare(shape: str, work: Path) -> dict:
-    """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
+def ensure_int4(shape: str, work: Path) -> tuple[Path, Path]:
+    """(the bf16 model, its cpu_int4 g128 checkpoint under ``work``), quantized once."""
     model = ensure_model(shape)
     art = work / model.name
     int4 = art / f"cpu_int4-g{GROUP_SIZE}"
@@ -91,6 +91,13 @@ def prepare(shape: str, work: Path) -> dict:
                     "--group-size", str(GROUP_SIZE), "--overwrite"]
     if not _current_checkpoint(int4):
         _run(quantize_cmd, art / "quantize.log")
+    return model, int4
+
+
+def prepare(shape: str, work: Path) -> dict:
+    """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
+    model, int4 = ensure_int4(shape, work)
+    art = int4.parent
     record = json.loads((int4 / "omni_quantize.json").read_text())
     gguf = {"bf16": art / "model-bf16.gguf", "Q4_0": art / "model-Q4_0.gguf"}
     if not gguf["bf16"].is_file():

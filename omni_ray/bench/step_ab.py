@@ -1,0 +1,157 @@
+"""One switch, A against B, in one engine process: interleaved pairs of decode steps.
+
+    python -m omni_ray.bench.step_ab --switch cpu_attention --pairs 30 --out results/step_ab/
+
+On a shared machine two runs minutes apart can differ by more than the change being judged
+(here the same decode step took 12-21 ms from run to run), so an A/B of two processes can come
+out reversed. Here one in-process engine (compiled unless ``--eager``) decodes with A, then with
+B, ``--pairs`` times, alternating which side goes first. A side's step time is taken by
+difference, (65-token run - 1-token run) / 64, on the same prompt. The result is each side's
+median step, the median of the pairwise ratios A / B (> 1: B is faster), and whether both sides
+produced the same tokens.
+
+Switches, each flipped at run time without restarting the engine:
+
+- ``cpu_attention``: A is vLLM's own attention ops, B is vllm_omni's short path (the patch is
+  removed and applied again; the engine starts with it switched off).
+- ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
+  non-temporally (B).
+
+The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
+``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from omni_ray import envs
+from omni_ray.bench.common import save
+
+SWITCHES = {
+    "cpu_attention": ("vllm", "vllm_omni"),
+    "weight_prefetch": ("l2", "nta"),
+}
+PROMPT_LEN = 128
+OUTPUT_LEN = 64
+STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
+
+
+def flipper(switch: str):
+    """side -> None: puts the engine's process in that side's state."""
+    import torch
+
+    if switch == "weight_prefetch":
+        return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
+    from vllm_omni.patches import cpu_attention
+
+    def flip(side: str) -> None:
+        if side == "vllm_omni":
+            cpu_attention.apply(cpu_attention.find_target())
+        else:
+            cpu_attention.remove()
+    return flip
+
+
+def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
+    return (a, b) if i % 2 == 0 else (b, a)
+
+
+def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
+    ratios = [x / y for x, y in zip(ms[a], ms[b])]
+    med = {side: statistics.median(v) for side, v in ms.items()}
+    return {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
+            "pairwise_ratio_median": statistics.median(ratios),
+            "pairs_b_faster": sum(r > 1 for r in ratios), "pairwise_ratios": ratios}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from omni_ray.engine.runner import engine_env, engine_kwargs
+    from omni_ray.measure.pinning import pin_all_threads
+
+    a, b = SWITCHES[args.switch]
+    if args.model:
+        model = Path(args.model)
+    else:
+        from omni_ray.bench.int4_peers import ensure_int4
+
+        model = ensure_int4(args.shape, envs.cache_dir() / "bench" / "int4_peers")[1]
+    cpus = sorted(os.sched_getaffinity(0))
+    stage = dict(STAGE, enforce_eager=args.eager,
+                 disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
+    req = {"model_path": str(model), "stage": stage, "cpus": cpus}
+    os.environ.update(engine_env(req))
+    pin_all_threads(cpus)
+    import vllm_omni
+    from vllm import LLM, SamplingParams
+
+    from omni_ray.workload.prompts import token_prompts
+
+    vllm_omni.register()
+    llm = LLM(**engine_kwargs(req))
+    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    prompt = [{"prompt_token_ids": token_prompts(1, PROMPT_LEN, vocab, seed=1)[0]}]
+
+    def timed(n: int) -> tuple[float, list[int]]:
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        out = llm.generate(prompt, params, use_tqdm=False)
+        return time.perf_counter() - t0, list(out[0].outputs[0].token_ids)
+
+    def step_ms() -> tuple[float, list[int]]:
+        t1, _ = timed(1)
+        tn, ids = timed(OUTPUT_LEN + 1)
+        return (tn - t1) / OUTPUT_LEN * 1e3, ids
+
+    flip = flipper(args.switch)
+    ms: dict[str, list[float]] = {a: [], b: []}
+    tokens: dict[str, list[int] | None] = {}
+    for side in (a, b):  # warm-up of both sides, not counted
+        flip(side)
+        step_ms()
+    for i in range(args.pairs):
+        for side in pair_order(i, a, b):
+            flip(side)
+            t, ids = step_ms()
+            ms[side].append(t)
+            if tokens.setdefault(side, ids) != ids:
+                tokens[side] = None  # greedy decoding of one prompt changed within a side
+    flip(a)
+    return {"switch": args.switch, "a": a, "b": b, "model": str(model), "shape": args.shape,
+            "mode": "eager" if args.eager else "compiled", "cpus": cpus, "pairs": args.pairs,
+            "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "step_ms": ms,
+            **summarize(a, b, ms),
+            "same_tokens": tokens[a] is not None and tokens[a] == tokens[b],
+            "patch_report": vllm_omni.patch_report()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--switch", choices=sorted(SWITCHES), required=True)
+    p.add_argument("--pairs", type=int, default=30)
+    p.add_argument("--shape", default="qwen2.5-0.5b")
+    p.add_argument("--model", help="a cpu_int4 checkpoint directory (default: the shape's)")
+    p.add_argument("--eager", action="store_true", help="enforce_eager (default: compiled)")
+    p.add_argument("--out", default="results/step_ab/")
+    args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error(f"--pairs must be at least 1, got {args.pairs}")
+    body = run(args)
+    path = save(args.out, "step_ab", body, [sys.executable, "-m", __spec__.name,
+                                            *(sys.argv[1:] if argv is None else argv)])
+    med = body["median_step_ms"]
+    print(f"{body['switch']}: {body['a']} {med[body['a']]:.2f} ms, {body['b']} "
+          f"{med[body['b']]:.2f} ms per step; pairwise {body['a']}/{body['b']} "
+          f"{body['pairwise_ratio_median']:.3f} ({body['pairs_b_faster']}/{body['pairs']} pairs "
+          f"{body['b']} faster); same tokens {body['same_tokens']}  -> {path}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # vLLM leaves non-daemon threads behind; the result is on disk
+
+
+if __name__ == "__main__":
+    main()

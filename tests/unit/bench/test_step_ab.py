@@ -1,0 +1,25 @@
+"""step_ab's pure parts: which side goes first, and what the pairs add up to."""
+
+import pytest
+
+from omni_ray.bench import step_ab
+
+
+def test_sides_alternate_which_goes_first():
+    orders = [step_ab.pair_order(i, "a", "b") for i in range(4)]
+    assert orders == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
+
+
+def test_summary_is_pairwise_and_counts_where_b_wins():
+    ms = {"a": [10.0, 20.0, 12.0], "b": [8.0, 25.0, 10.0]}
+    s = step_ab.summarize("a", "b", ms)
+    assert s["median_step_ms"] == {"a": 12.0, "b": 10.0}
+    assert s["ratio_of_medians"] == pytest.approx(1.2)
+    assert s["pairwise_ratios"] == pytest.approx([1.25, 0.8, 1.2])
+    assert s["pairwise_ratio_median"] == pytest.approx(1.2)
+    assert s["pairs_b_faster"] == 2
+
+
+def test_pairs_must_be_positive():
+    with pytest.raises(SystemExit):
+        step_ab.main(["--switch", "cpu_attention", "--pairs", "0"])
