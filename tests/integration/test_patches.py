@@ -45,12 +45,16 @@ def test_empty_kvcache_space_is_treated_as_unset(run_arm, tiny_model):
 def test_kv_budget_patch_in_vllm_multiprocessing_mode(run_arm, tiny_model):
     """vLLM's default mode: EngineCore is a child process, and the budget still holds."""
     r = run_arm(tiny_model, stage={"kv_cache_mib": 48, "multiprocessing": True,
-                                   "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+                                   "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+                workload={"prompt_len": 8, "output_len": 4, "batch": 1, "warmup": 0,
+                          "repeats": 1})
     assert kv_tokens(r) == 48 * MiB // kv_bytes_per_token(tiny_model)
     assert len(r["measurements"]["engine_pids"]) > 1
     # The release-memory patch ran inside the EngineCore child, i.e. the plugin loaded there.
     trim_pids = {e["pid"] for e in r["log"]["malloc_trim"]}
     assert trim_pids and trim_pids.isdisjoint({r["measurements"]["engine_pids"][0]})
+    # and decode attention took the short path there, once (in the one worker process)
+    assert r["log"]["cpu_attention_short_path"] == 1, r["log_path"]
 
 
 def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
