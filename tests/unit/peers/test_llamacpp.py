@@ -202,8 +202,8 @@ def _fake_cache(tmp_path: Path, with_record: bool = True) -> Path:
         (work / "build.json").write_text(json.dumps({
             "version": llamacpp.PYDIST_VERSION, "upstream_build": "b10359",
             "source_digest": "d" * 64,
-            "cmake_flags": list(llamacpp._cmake_flags(work)), "build_seconds": 241.0,
-            "build_incremental": False}))
+            "cmake_flags": list(llamacpp._cmake_flags(work)), "host_cpu": llamacpp.host_cpu(),
+            "build_seconds": 241.0, "build_incremental": False}))
     return cache
 
 
@@ -226,17 +226,54 @@ def test_ensure_built_reuses_existing_binaries(tmp_path, no_subprocess):
     assert flags[:len(llamacpp.CMAKE_FLAGS)] == list(llamacpp.CMAKE_FLAGS)
 
 
-@pytest.mark.parametrize("record", ["missing", "other flags"])
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu avx512f avx512_vnni
+processor\t: 1
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu avx512f avx512_vnni
+"""
+
+
+def test_host_cpu_names_the_cpu_and_digests_its_flags():
+    host = llamacpp.host_cpu(CPUINFO)
+    assert host["vendor"] == "AuthenticAMD" and host["model_name"] == "AMD EPYC"
+    reordered = CPUINFO.replace("fpu avx512f avx512_vnni", "avx512_vnni fpu avx512f")
+    assert llamacpp.host_cpu(reordered) == host
+    other = llamacpp.host_cpu(CPUINFO.replace("avx512_vnni", "amx_tile avx512_vnni"))
+    assert other["flags_digest"] != host["flags_digest"]
+
+
+@pytest.mark.parametrize("record", ["missing", "other flags", "other cpu", "no cpu on record"])
 def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch, record):
     cache = _fake_cache(tmp_path, with_record=record != "missing")
     work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
-    if record == "other flags":
+    stale = work / "build" / "stale.o"
+    stale.write_text("")
+    if record != "missing":
         rec = json.loads((work / "build.json").read_text())
-        (work / "build.json").write_text(json.dumps(rec | {"cmake_flags": ["-DGGML_NATIVE=OFF"]}))
+        if record == "other flags":
+            rec["cmake_flags"] = ["-DGGML_NATIVE=OFF"]
+        elif record == "other cpu":
+            rec["host_cpu"] = llamacpp.host_cpu(CPUINFO.replace("AMD EPYC", "Intel Xeon"))
+        else:
+            del rec["host_cpu"]
+        (work / "build.json").write_text(json.dumps(rec))
     calls = []
     monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
-    monkeypatch.setattr(llamacpp, "_run_logged",
-                        lambda step, cmd, log, **kw: calls.append((step, cmd, log)))
+
+    def fake_step(step, cmd, log, **kw):
+        calls.append((step, cmd, log))
+        if step == "build":  # what cmake --build leaves behind
+            for name in llamacpp.BINARIES:
+                exe = work / "build" / "bin" / name
+                exe.parent.mkdir(parents=True, exist_ok=True)
+                exe.write_text("#!/bin/sh\n")
+                exe.chmod(0o755)
+
+    monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
     monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
     llama = llamacpp.ensure_built(cache, jobs=2)
     assert [step for step, _, _ in calls] == ["configure", "build"]
@@ -247,6 +284,9 @@ def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch
     assert calls[1][2] == work / "logs" / "build.log"
     assert llama.build_incremental is False and len(llama.source_digest) == 64
     assert json.loads((work / "build.json").read_text())["cmake_flags"] == list(llama.cmake_flags)
+    assert json.loads((work / "build.json").read_text())["host_cpu"] == llamacpp.host_cpu()
+    # objects compiled for another (or an unknown) CPU are thrown away; same CPU: incremental
+    assert stale.exists() == (record in ("missing", "other flags"))
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
