@@ -65,3 +65,12 @@ def test_cpu_attention_can_be_removed_and_applied_again():
         assert is_marked(cpu_attention.find_target())
     finally:
         patches.apply_all()
+
+
+def test_cpu_attention_refuses_when_a_replicated_function_is_gone(monkeypatch):
+    from vllm_omni.patches import cpu_attention
+
+    gone = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.no_such_method"
+    monkeypatch.setitem(cpu_attention.REPLICATED, gone, "0" * 16)
+    with pytest.raises(LookupError, match=f"cannot read {gone}"):
+        cpu_attention.find_target()

@@ -73,8 +73,14 @@ def find_target():
     for op in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
         if not hasattr(torch.ops._C, op):
             raise LookupError(f"torch.ops._C.{op} is not registered (not vLLM's CPU build?)")
-    changed = [name for name, digest in REPLICATED.items()
-               if fingerprint(_resolve(name)) != digest]
+    changed = []
+    for name, digest in REPLICATED.items():
+        try:
+            found = fingerprint(_resolve(name))
+        except (ImportError, AttributeError, OSError, TypeError) as exc:  # gone, or no source
+            raise LookupError(f"cannot read {name}: {exc}") from exc
+        if found != digest:
+            changed.append(name)
     if changed:
         raise LookupError("vLLM changed code this patch reproduces: " + ", ".join(changed))
     return _resolve("vllm.model_executor.layers.attention.attention.unified_attention_with_output")
