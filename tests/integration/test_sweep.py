@@ -150,7 +150,9 @@ def test_dry_run_starts_nothing(tmp_path):
 
 def test_interrupted_run_resumes_without_losing_a_result(local_ray, tmp_path):
     cfg = tmp_path / "resume.yaml"
-    cfg.write_text(json.dumps(sweep("resume", matrix={"batch": [1, 2, 3, 4]})))
+    # Four KV budgets, so each arm starts its own engine: arms that differ only in workload share
+    # one, and on a fast host all four finished before the interrupt landed.
+    cfg.write_text(json.dumps(sweep("resume", matrix={"kv_cache_mib": [32, 40, 48, 56]})))
     res = tmp_path / "res"
     proc = subprocess.Popen([sys.executable, "-m", "omni_ray.cli", "sweep", str(cfg),
                              "--out", str(res), "--allow-busy"],
