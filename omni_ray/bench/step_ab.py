@@ -141,6 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs must be at least 1, got {args.pairs}")
+    if args.model and not Path(args.model).is_dir():
+        p.error(f"--model: not a checkpoint directory: {args.model}")
+    if args.switch == "weight_prefetch":
+        from vllm_omni.ops import native
+
+        status = native.load()
+        if not status.available:
+            p.error(f"--switch weight_prefetch needs vllm_omni's native kernels: {status.reason}")
     body = run(args)
     path = save(args.out, "step_ab", body, [sys.executable, "-m", __spec__.name,
                                             *(sys.argv[1:] if argv is None else argv)])

@@ -23,3 +23,18 @@ def test_summary_is_pairwise_and_counts_where_b_wins():
 def test_pairs_must_be_positive():
     with pytest.raises(SystemExit):
         step_ab.main(["--switch", "cpu_attention", "--pairs", "0"])
+
+
+def test_a_missing_model_directory_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        step_ab.main(["--switch", "cpu_attention", "--model", str(tmp_path / "nope")])
+    assert f"--model: not a checkpoint directory: {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_weight_prefetch_without_native_kernels_says_why(monkeypatch, capsys):
+    from vllm_omni.ops import native
+
+    monkeypatch.setattr(native, "load", lambda: native.Status(False, "disabled by X", None))
+    with pytest.raises(SystemExit):
+        step_ab.main(["--switch", "weight_prefetch"])
+    assert "needs vllm_omni's native kernels: disabled by X" in capsys.readouterr().err
