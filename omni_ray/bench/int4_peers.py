@@ -7,8 +7,9 @@ One run, on the same cores (default 0,1), batch 1:
 - vLLM bf16 and vLLM cpu_int4 g128 (an ``omni-ray quantize``d checkpoint), each eager and
   compiled, each with prompt 128 and prompt 512: one fresh engine process per arm
   (``launch_arm``, in-process engine core, KV budget 256 MiB, max_model_len 1024, warmup 1,
-  repeats 3). Decode tok/s by difference (output 64), prefill tok/s from the time to first
-  token, settled RssAnon and the peak during load.
+  repeats 3, token ids only: not detokenized, as llama-bench does not). Decode tok/s by
+  difference (output 64), prefill tok/s from the time to first token, settled RssAnon and the
+  peak during load.
 - llama.cpp ``llama-bench`` on GGUFs converted from the same weights: bf16 and Q4_0, -t 2,
   pp128, pp512, tg64.
 
@@ -52,7 +53,9 @@ GROUP_SIZE = 128
 PROMPT_LENS = (128, 512)
 OUTPUT_LEN = 64
 STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
-WORKLOAD = {"output_len": OUTPUT_LEN, "batch": 1, "warmup": 1, "repeats": 3}
+# Token ids in and out, as llama-bench measures (it never detokenizes); what detokenizing costs a
+# decode step is measured by ``step_ab --switch detokenize``.
+WORKLOAD = {"output_len": OUTPUT_LEN, "batch": 1, "warmup": 1, "repeats": 3, "detokenize": False}
 LLAMA_TYPES = ("bf16", "Q4_0")
 TARGETS = {"int4_vs_vllm_bf16_decode": 2.5, "int4_vs_llamacpp_q4_0_decode": 1.0}
 

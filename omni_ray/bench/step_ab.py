@@ -16,6 +16,8 @@ Switches, each flipped at run time without restarting the engine:
   removed and applied again; the engine starts with it switched off).
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
+- ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
+  ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
 
 The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
@@ -36,16 +38,20 @@ from omni_ray.bench.common import save
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
     "weight_prefetch": ("l2", "nta"),
+    "detokenize": ("on", "off"),
 }
 PROMPT_LEN = 128
 OUTPUT_LEN = 64
 STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
 
 
-def flipper(switch: str):
-    """side -> None: puts the engine's process in that side's state."""
+def flipper(switch: str, sampling: dict):
+    """side -> None: puts the engine's process (or ``sampling``, the SamplingParams fields every
+    request of this run gets) in that side's state."""
     import torch
 
+    if switch == "detokenize":
+        return lambda side: sampling.update(detokenize=side == "on")
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
     from vllm_omni.patches import cpu_attention
@@ -97,8 +103,10 @@ def run(args: argparse.Namespace) -> dict:
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     prompt = [{"prompt_token_ids": token_prompts(1, PROMPT_LEN, vocab, seed=1)[0]}]
 
+    sampling = {"temperature": 0.0, "ignore_eos": True}
+
     def timed(n: int) -> tuple[float, list[int]]:
-        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=n, **sampling)
         t0 = time.perf_counter()
         out = llm.generate(prompt, params, use_tqdm=False)
         return time.perf_counter() - t0, list(out[0].outputs[0].token_ids)
@@ -108,7 +116,7 @@ def run(args: argparse.Namespace) -> dict:
         tn, ids = timed(OUTPUT_LEN + 1)
         return (tn - t1) / OUTPUT_LEN * 1e3, ids
 
-    flip = flipper(args.switch)
+    flip = flipper(args.switch, sampling)
     ms: dict[str, list[float]] = {a: [], b: []}
     tokens: dict[str, list[int] | None] = {}
     for side in (a, b):  # warm-up of both sides, not counted

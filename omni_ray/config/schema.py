@@ -38,6 +38,7 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "context_len": f.integer(ge=0),
     "warmup": f.integer(ge=0),
     "repeats": f.integer(gt=0),
+    "detokenize": f.boolean,
 }
 
 PLACEMENT_FIELDS: dict[str, f.Check] = {
@@ -106,6 +107,8 @@ class WorkloadConfig(_Config):
     context_len: int = 0            # fill the KV cache to this many tokens before measuring
     warmup: int = 1
     repeats: int = 3
+    detokenize: bool = True         # False: token ids only, as llama-bench and vLLM's
+                                    # --disable-detokenize benchmarks measure
 
     def __post_init__(self) -> None:
         _recheck(self, WORKLOAD_FIELDS)

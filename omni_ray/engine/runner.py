@@ -70,8 +70,9 @@ def run_workload(llm, wl: dict, vocab_size: int, sampler: TreeSampler, seed: int
     from vllm import SamplingParams
 
     batch, plen, n = wl["batch"], wl["prompt_len"], wl["output_len"]
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    many = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    greedy = {"temperature": 0.0, "ignore_eos": True, "detokenize": wl.get("detokenize", True)}
+    one = SamplingParams(max_tokens=1, **greedy)
+    many = SamplingParams(max_tokens=n, **greedy)
     calls = iter(range(1, 1 << 30))
 
     def prompts(length: int = plen) -> list[list[int]]:

@@ -38,3 +38,12 @@ def test_weight_prefetch_without_native_kernels_says_why(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         step_ab.main(["--switch", "weight_prefetch"])
     assert "needs vllm_omni's native kernels: disabled by X" in capsys.readouterr().err
+
+
+def test_detokenize_switch_changes_only_the_sampling_fields():
+    sampling = {"temperature": 0.0, "ignore_eos": True}
+    flip = step_ab.flipper("detokenize", sampling)
+    flip("off")
+    assert sampling == {"temperature": 0.0, "ignore_eos": True, "detokenize": False}
+    flip("on")
+    assert sampling["detokenize"] is True

@@ -25,7 +25,8 @@ def test_stage_defaults() -> None:
 
 def test_workload_defaults() -> None:
     assert workload_from_dict({}) == WorkloadConfig(
-        prompt_len=32, output_len=16, batch=1, context_len=0, warmup=1, repeats=3)
+        prompt_len=32, output_len=16, batch=1, context_len=0, warmup=1, repeats=3,
+        detokenize=True)
 
 
 def test_other_defaults() -> None:
