@@ -7,8 +7,7 @@
    order is one decode step's weight reads. Timed per pass (median of ``--passes``, kernels
    interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu``, the native GEMV's fp32
    loop and its int16-VNNI loop, the latter with each weight prefetch mode (into L2, the
-   default, and non-temporal; ``set_weight_prefetch``), and the VNNI loop with 8-bit x
-   (``activation_bits: 8``).
+   default, and non-temporal; ``set_weight_prefetch``).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -67,7 +66,6 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         "native-fp32": (None, lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, False)),
         "native-vnni": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
         "native-vnni-nta": ("nta", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
-        "native-vnni-a8": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True, 8)),
     }
     ms = {name: [] for name in kernels}
     default = torch.ops.vllm_omni_C.set_weight_prefetch("l2")

@@ -74,39 +74,32 @@ def _run(cmd: list[str], log: Path) -> None:
         raise UserError(f"{cmd[2] if len(cmd) > 2 else cmd[0]} failed (exit {rc}); see {log}")
 
 
-def _current_checkpoint(int4: Path, activation_bits: int) -> bool:
+def _current_checkpoint(int4: Path) -> bool:
     """A finished checkpoint whose config is what ``omni-ray quantize`` writes today (a changed
     default such as row_threshold means quantizing again)."""
-    from vllm_omni.quantization.cpu_int4 import DEFAULT_ACTIVATION_BITS, DEFAULT_ROW_THRESHOLD
+    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD
 
     if not (int4 / "omni_quantize.json").is_file():
         return False
     qc = json.loads((int4 / "config.json").read_text()).get("quantization_config", {})
-    return qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD and \
-        qc.get("activation_bits", DEFAULT_ACTIVATION_BITS) == activation_bits
+    return qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD
 
 
-def quantize_args(activation_bits: int) -> list[str]:
-    return ["--group-size", str(GROUP_SIZE)] + \
-        (["--activation-bits", str(activation_bits)] if activation_bits != 16 else [])
-
-
-def ensure_int4(shape: str, work: Path, activation_bits: int = 16) -> tuple[Path, Path]:
+def ensure_int4(shape: str, work: Path) -> tuple[Path, Path]:
     """(the bf16 model, its cpu_int4 g128 checkpoint under ``work``), quantized once."""
     model = ensure_model(shape)
     art = work / model.name
-    int4 = art / (f"cpu_int4-g{GROUP_SIZE}" + ("" if activation_bits == 16 else
-                                               f"-a{activation_bits}"))
+    int4 = art / f"cpu_int4-g{GROUP_SIZE}"
     quantize_cmd = [sys.executable, "-m", "omni_ray.cli", "quantize", str(model), str(int4),
-                    *quantize_args(activation_bits), "--overwrite"]
-    if not _current_checkpoint(int4, activation_bits):
+                    "--group-size", str(GROUP_SIZE), "--overwrite"]
+    if not _current_checkpoint(int4):
         _run(quantize_cmd, art / "quantize.log")
     return model, int4
 
 
-def prepare(shape: str, work: Path, activation_bits: int = 16) -> dict:
+def prepare(shape: str, work: Path) -> dict:
     """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
-    model, int4 = ensure_int4(shape, work, activation_bits)
+    model, int4 = ensure_int4(shape, work)
     art = int4.parent
     record = json.loads((int4 / "omni_quantize.json").read_text())
     gguf = {"bf16": art / "model-bf16.gguf", "Q4_0": art / "model-Q4_0.gguf"}
@@ -116,7 +109,7 @@ def prepare(shape: str, work: Path, activation_bits: int = 16) -> dict:
         llamacpp.quantize(gguf["bf16"], gguf["Q4_0"], "Q4_0")
     return {"model": str(model), "int4": str(int4),
             "quantize_command": ["omni-ray", "quantize", str(model), str(int4),
-                                 *quantize_args(activation_bits)],
+                                 "--group-size", str(GROUP_SIZE)],
             "quantize_record": {k: record.get(k) for k in
                                 ("created", "source_hash", "quantization_config",
                                  "quantized_modules", "ignored_modules", "tied_head_dropped")},
@@ -386,7 +379,7 @@ def run(args: argparse.Namespace) -> Path:
     before = load_now(cpus)
     _log(f"load before: {before['loadavg']} {before['cpu_busy']['message']}")
 
-    art = prepare(args.shape, work, args.activation_bits)
+    art = prepare(args.shape, work)
     _log(f"artifacts ready ({time.monotonic() - t_start:.0f} s)")
     bandwidth = [measure_bandwidth(cpus, run_dir / "bandwidth-1.log")]
     _log(f"bandwidth: {bandwidth[0].get('ceiling_gb_s')} GB/s")
@@ -628,8 +621,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arm-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, default=None,
                    help="artifacts and logs (default $OMNI_RAY_CACHE/bench/int4_peers)")
-    p.add_argument("--activation-bits", type=int, choices=(16, 8), default=16,
-                   help="the int4 checkpoint's activation_bits (8: x rounded like Q8_0)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--readme-from", type=Path, default=None, metavar="RESULT.json",
                    help="only rewrite README.md beside RESULT.json from it (no benchmark)")

@@ -21,9 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-threshold", type=int, default=None,
                         help="rows from which the layer dequantizes and uses a bf16 matmul "
                              "(default: the measured value in vllm_omni, see int4_bench)")
-    parser.add_argument("--activation-bits", type=int, choices=(16, 8), default=None,
-                        help="precision of x in the decode GEMV: 16 (default) or 8, rounded "
-                             "per group like llama.cpp's Q8_0, fewer instructions per weight")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
 
 
@@ -33,12 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
     src = resolve_model(args.src)
     res = quantize_checkpoint(src, args.dst, group_size=args.group_size,
-                              row_threshold=args.row_threshold,
-                              activation_bits=args.activation_bits, overwrite=args.overwrite)
+                              row_threshold=args.row_threshold, overwrite=args.overwrite)
     qc = res.record["quantization_config"]
     print(f"wrote {res.dst}: {len(res.quantized)} modules int4 (group {qc['group_size']}, "
-          f"row_threshold {qc['row_threshold']}, activation_bits {qc['activation_bits']}), "
-          f"{len(res.ignored)} left bf16")
+          f"row_threshold {qc['row_threshold']}), {len(res.ignored)} left bf16")
     for module, why in res.ignored.items():
         print(f"  bf16: {module}: {why}")
     return 0

@@ -9,7 +9,7 @@ otherwise, and runs torch's ``_weight_int4pack_mm_for_cpu`` and the Python unpac
 :mod:`int4_pack` where the native kernels cannot (no library, or N not whole 64-row blocks; the
 C++ kernel then uses torch's int4 GEMM for every row count). Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
-``group_size``, ``row_threshold`` and ``act_bits`` are arguments, so they are constants of the traced graph
+``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
 and must be part of the quantization config (which keys vLLM's compile cache).
 
 No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
@@ -35,11 +35,8 @@ NATIVE_BLOCK_N = 64
 
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                     group_size: int, row_threshold: int,
-                    bias: Optional[torch.Tensor] = None, act_bits: int = 16) -> torch.Tensor:
-    """y = x @ W^T (+ bias), W [N, K] in the CPU int4 pack; x [..., K] -> y [..., N].
-
-    ``act_bits`` (16 or 8): the precision x enters the native VNNI GEMV with, per group (see
-    ``csrc/int4_cpu.cpp``); the other kernels take x as bf16 whatever it says."""
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias), W [N, K] in the CPU int4 pack; x [..., K] -> y [..., N]."""
     k = x.shape[-1]
     n = scales_zeros.shape[1]
     x2 = x.reshape(-1, k)
@@ -49,8 +46,7 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     fast = n % NATIVE_BLOCK_N == 0 and native.available()
     if rows < row_threshold:
         if fast:
-            y = torch.ops.vllm_omni_C.int4_gemv(x2, packed, scales_zeros, group_size, True,
-                                                act_bits)
+            y = torch.ops.vllm_omni_C.int4_gemv(x2, packed, scales_zeros, group_size)
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
                                                            scales_zeros)
@@ -83,7 +79,7 @@ def _dequantize_t_chunks(packed: torch.Tensor, scales_zeros: torch.Tensor, group
 
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                          group_size: int, row_threshold: int,
-                         bias: Optional[torch.Tensor] = None, act_bits: int = 16) -> torch.Tensor:
+                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 

@@ -118,14 +118,12 @@ def _tied_head_names(names, tie: bool) -> set[str]:
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                         group_size: int = grid.DEFAULT_GROUP_SIZE,
                         row_threshold: int | None = None,
-                        activation_bits: int | None = None,
                         overwrite: bool = False) -> ConvertResult:
     """Write the cpu_int4 checkpoint of ``src`` to ``dst``; see the module docstring."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from vllm_omni.quantization.cpu_int4 import (
-        DEFAULT_ACTIVATION_BITS, DEFAULT_ROW_THRESHOLD, CpuInt4Config)
+    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD, CpuInt4Config
 
     src, dst = Path(src), Path(dst)
     if not (src / "config.json").is_file():
@@ -145,9 +143,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
         raise OmniInputError(f"{src}/config.json: already quantized ({method})")
     cfg = CpuInt4Config(group_size=group_size,
                         row_threshold=DEFAULT_ROW_THRESHOLD if row_threshold is None
-                        else row_threshold,
-                        activation_bits=DEFAULT_ACTIVATION_BITS if activation_bits is None
-                        else activation_bits)
+                        else row_threshold)
     tie = bool(hf_config.get("tie_word_embeddings", False))
     files = _weight_files(src)
 

@@ -60,11 +60,6 @@ QUANT_METHOD = "cpu_int4"
 # 1.9x), at 24 on 4 (not the 32000-row head), at 16 on none. With torch's kernels the crossover was
 # 128. Re-measure on the target machine and write the value into the checkpoint's config.
 DEFAULT_ROW_THRESHOLD = 32
-# The precision x enters the decode GEMV with (native VNNI kernel): 16 keeps x to 2^-15 of its
-# group's largest |x|; 8 rounds it as llama.cpp's Q8_0 activations do, for fewer instructions per
-# weight (measured in omni_ray.bench.int4_kernels). Prefill (the bf16 matmul) is unaffected.
-ACTIVATION_BITS = (16, 8)
-DEFAULT_ACTIVATION_BITS = 16
 # The kernel's N granularity (output rows).
 N_MULTIPLE = 16
 # Tensors a layer holds after loading.
@@ -74,15 +69,14 @@ _QKV_SHARDS = ("q", "k", "v")
 
 
 class CpuInt4Config(QuantizationConfig):
-    """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold,
-    activation_bits become constants of the op call) is a field here, so it is part of the checkpoint's config
+    """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold
+    become constants of the op call) is a field here, so it is part of the checkpoint's config
     and of vLLM's compile-cache key, never an environment variable."""
 
     def __init__(self, group_size: int = grid.DEFAULT_GROUP_SIZE,
                  ignored_modules: list[str] | None = None,
                  row_threshold: int = DEFAULT_ROW_THRESHOLD,
-                 checkpoint_quantized: bool = False,
-                 activation_bits: int = DEFAULT_ACTIVATION_BITS) -> None:
+                 checkpoint_quantized: bool = False) -> None:
         super().__init__()
         if group_size not in grid.GROUP_SIZES:
             raise OmniInputError(f"quantization_config.group_size: must be one of "
@@ -91,9 +85,6 @@ class CpuInt4Config(QuantizationConfig):
                 or row_threshold < 0:
             raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
                                  f"got {row_threshold!r}")
-        if activation_bits not in ACTIVATION_BITS or isinstance(activation_bits, bool):
-            raise OmniInputError(f"quantization_config.activation_bits: must be one of "
-                                 f"{list(ACTIVATION_BITS)}, got {activation_bits!r}")
         ignored = list(ignored_modules or [])
         if not isinstance(ignored_modules, (list, tuple, type(None))) \
                 or not all(isinstance(m, str) for m in ignored):
@@ -102,13 +93,12 @@ class CpuInt4Config(QuantizationConfig):
         self.group_size = group_size
         self.ignored_modules = ignored
         self.row_threshold = row_threshold
-        self.activation_bits = activation_bits
         # True: the checkpoint holds weight_packed/scale/zero; False: bf16, quantize at load.
         self.checkpoint_quantized = checkpoint_quantized
 
     def __repr__(self) -> str:
         return (f"CpuInt4Config(group_size={self.group_size}, row_threshold="
-                f"{self.row_threshold}, activation_bits={self.activation_bits}, ignored_modules={len(self.ignored_modules)}, "
+                f"{self.row_threshold}, ignored_modules={len(self.ignored_modules)}, "
                 f"checkpoint_quantized={self.checkpoint_quantized})")
 
     def get_name(self) -> str:
@@ -132,20 +122,19 @@ class CpuInt4Config(QuantizationConfig):
             raise OmniInputError(f"quantization_config.quant_method: expected "
                                  f"{QUANT_METHOD!r}, got {method!r}")
         unknown = set(config) - {"quant_method", "group_size", "ignored_modules",
-                                 "row_threshold", "activation_bits"}
+                                 "row_threshold"}
         if unknown:
             raise OmniInputError(f"quantization_config: unknown field(s) {sorted(unknown)}")
         return cls(group_size=config.get("group_size", grid.DEFAULT_GROUP_SIZE),
                    ignored_modules=config.get("ignored_modules", []),
                    row_threshold=config.get("row_threshold", DEFAULT_ROW_THRESHOLD),
-                   checkpoint_quantized=True,
-                   activation_bits=config.get("activation_bits", DEFAULT_ACTIVATION_BITS))
+                   checkpoint_quantized=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``quantization_config`` block of config.json."""
         return {"quant_method": QUANT_METHOD, "group_size": self.group_size,
                 "ignored_modules": list(self.ignored_modules),
-                "row_threshold": self.row_threshold, "activation_bits": self.activation_bits}
+                "row_threshold": self.row_threshold}
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
         if self.ignored_modules:
@@ -367,7 +356,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # The op itself, not int4_linear.op(): registration takes a lock dynamo cannot trace.
         return torch.ops.vllm_omni.cpu_int4_linear(
             x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), self.config.group_size,
-            self.config.row_threshold, bias, self.config.activation_bits)
+            self.config.row_threshold, bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         if layer.cpu_int4.dense:

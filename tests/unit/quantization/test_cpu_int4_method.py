@@ -67,26 +67,6 @@ def test_qkv_loads_repacks_and_frees_checkpoint_tensors():
     assert y.shape == (3, 512)
 
 
-@pytest.mark.parametrize("bits", [16, 8])
-def test_apply_decodes_with_the_configs_activation_bits(bits, monkeypatch):
-    calls = []
-    op = torch.ops.vllm_omni.cpu_int4_linear
-
-    class Spy:
-        def __call__(self, *args):
-            calls.append(args)
-            return op(*args)
-
-    cfg = cpu_int4.CpuInt4Config.from_config({"group_size": 128, "activation_bits": bits})
-    layer, method = _qkv(cfg)
-    for shard, rows in (("q", 256), ("k", 128), ("v", 128)):
-        _load(layer, shard, rows)
-    method.process_weights_after_loading(layer)
-    monkeypatch.setattr(torch.ops.vllm_omni, "cpu_int4_linear", Spy())
-    method.apply(layer, torch.randn(1, H).bfloat16())
-    assert calls and calls[0][-1] == bits
-
-
 def test_missing_tensor_names_layer_and_tensor():
     layer, method = _qkv()
     _load(layer, "q", 256)
@@ -132,8 +112,6 @@ def test_quantized_checkpoint_with_unsupported_layer_not_ignored_is_rejected():
 @pytest.mark.parametrize("cfg,match", [
     ({"group_size": 96}, r"group_size: must be one of \[32, 64, 128\], got 96"),
     ({"row_threshold": -1}, r"row_threshold: must be an int >= 0, got -1"),
-    ({"activation_bits": 4}, r"activation_bits: must be one of \[16, 8\], got 4"),
-    ({"activation_bits": True}, r"activation_bits: must be one of \[16, 8\], got True"),
     ({"ignored_modules": "lm_head"}, r"ignored_modules"),
     ({"quant_method": "awq"}, r"quant_method: expected 'cpu_int4', got 'awq'"),
     ({"grup_size": 64}, r"unknown field\(s\) \['grup_size'\]"),
@@ -145,12 +123,9 @@ def test_config_errors_name_the_field(cfg, match):
 
 def test_config_round_trip_and_defaults():
     d = {"quant_method": "cpu_int4", "group_size": 64, "ignored_modules": ["lm_head"],
-         "row_threshold": 7, "activation_bits": 8}
+         "row_threshold": 7}
     c = cpu_int4.CpuInt4Config.from_config(d)
     assert c.to_dict() == d and c.checkpoint_quantized
-    # a checkpoint written before the field existed: 16-bit activations, as it was made for
-    older = cpu_int4.CpuInt4Config.from_config({"group_size": 64})
-    assert older.activation_bits == 16 == cpu_int4.DEFAULT_ACTIVATION_BITS
     at_load = cpu_int4.CpuInt4Config()
     assert not at_load.checkpoint_quantized and at_load.get_config_filenames() == []
     assert at_load.row_threshold == cpu_int4.DEFAULT_ROW_THRESHOLD

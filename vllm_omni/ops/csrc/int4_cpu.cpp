@@ -5,7 +5,7 @@
 // 32 bytes per k: byte j holds row j's code in its low nibble and row j + 32's in its high one.
 // scales_zeros is bf16 [G, N, 2] (scale, zero); w = (q - 8) * scale + zero.
 //
-// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size, vnni=True, act_bits=16): y = x @ W^T for a
+// vllm_omni_C::int4_gemv(x, packed, scales_zeros, group_size, vnni=True): y = x @ W^T for a
 //   few rows. Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every
 //   weight and streams a 0.5B model's int4 weights at about 12.5 GB/s on two cores of this
 //   machine. Here the sum over a group is taken on (q - 8) alone, and scale and zero are applied
@@ -15,9 +15,7 @@
 //   enters as 15-bit fixed point per group (rounding at most 2^-15 of the group's largest |x|)
 //   and vpdpbusd takes 4 k of 16 rows per instruction on the codes as they are (block_vnni);
 //   otherwise codes become fp32 through a table (vpermps) and fp32 FMAs take one k (block,
-//   exact products, fp32 sums). act_bits=8 (the cpu_int4 config's activation_bits) rounds x to
-//   8 bits per group instead, as llama.cpp's Q8_0 does, and needs half the dot products
-//   (block_vnni8); the zero term still uses the exact sum of x. The weights are prefetched 4 KiB ahead into L2. The VNNI loop
+//   exact products, fp32 sums). The weights are prefetched 4 KiB ahead into L2. The VNNI loop
 //   can prefetch non-temporally instead (set_weight_prefetch("nta")); measured side by side
 //   in one process it was slower, 8-10 % on the weight stream and ~5 % a decode step.
 //
@@ -229,36 +227,6 @@ OMNI_VNNI_TARGET void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, 
   }
 }
 
-// One row of x as 8-bit codes per group (act_bits=8): c = round(x / step) in -127..127, step =
-// max|x| / 127, into hi (lo is unused). Rounding is at most step / 2 = 1/254 of the group's
-// largest |x|: the precision llama.cpp's Q8_0 activations have (it takes 32 k per step).
-OMNI_VNNI_TARGET void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* c8,
-                                   float* step, int32_t* csum, float* xsum) {
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  for (int64_t g = 0; g < K / gs; ++g) {
-    __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      const __m512 v = bf16x16_to_fp32(x + k);
-      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign));
-      sum = _mm512_add_ps(sum, v);
-    }
-    const float top = _mm512_reduce_max_ps(amax);
-    xsum[g] = _mm512_reduce_add_ps(sum);
-    step[g] = top / 127;
-    const __m512 inv = _mm512_set1_ps(top > 0 ? 127 / top : 0.0f);
-    const __m512i bound = _mm512_set1_epi32(127);
-    __m512i codes = _mm512_setzero_si512();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
-      c = _mm512_max_epi32(_mm512_min_epi32(c, bound), _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                                        bound));
-      codes = _mm512_add_epi32(codes, c);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(c8 + k), _mm512_cvtepi32_epi8(c));
-    }
-    csum[g] = _mm512_reduce_add_epi32(codes);
-  }
-}
-
 // x of M rows in fixed point, laid out as block_vnni reads it.
 struct FixedX {
   std::vector<int8_t> hi, lo;
@@ -281,13 +249,6 @@ OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64
     for (int m = 0; m < M; ++m)
       for (int i = 0; i < 4; ++i) ah[m][i] = al[m][i] = _mm512_setzero_si512();
     const uint8_t* p = w + g * gs * 32;
-    {  // this block's scales for the next group (or the next block's first): 4 lines
-      const int64_t next = g + 1 < G ? (g + 1) * n_total + n0 : n0 + kBlockN;
-      if (next < G * n_total) {
-        const char* ps = reinterpret_cast<const char*>(sz + next * 2);
-        for (int line = 0; line < 4; ++line) _mm_prefetch(ps + 64 * line, _MM_HINT_T0);
-      }
-    }
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
       _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, static_cast<_mm_hint>(Hint));
       _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, static_cast<_mm_hint>(Hint));
@@ -330,66 +291,11 @@ OMNI_VNNI_TARGET void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64
                           fp32x16_to_bf16(o[m][i]));
 }
 
-// The same block with 8-bit x codes (act_bits=8): one vpdpbusd per 16 rows and 4 k instead of
-// two (hi and lo), so about a third fewer vector instructions per weight byte.
-template <int M, int Hint>
-OMNI_VNNI_TARGET void block_vnni8(const uint8_t* w, const at::BFloat16* sz, int64_t n_total,
-                                  int64_t n0, int64_t K, int64_t gs, const FixedX& fx,
-                                  int64_t m0, at::BFloat16* out, int64_t ldo) {
-  const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
-  const __m512i index_hi = _mm512_load_si512(kRowsHi.bytes);
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const int64_t G = K / gs;
-  __m512 o[M][4];
-  zero(&o);
-  for (int64_t g = 0; g < G; ++g) {
-    __m512i acc[M][4];  // sum q * c, rows 16i .. 16i + 15
-    for (int m = 0; m < M; ++m)
-      for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_si512();
-    const uint8_t* p = w + g * gs * 32;
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, static_cast<_mm_hint>(Hint));
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, static_cast<_mm_hint>(Hint));
-      const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
-      const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);
-      const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);
-      const __m512i q[4] = {_mm512_and_si512(rows_lo, nibble), _mm512_and_si512(rows_hi, nibble),
-                            _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble),
-                            _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble)};
-      for (int m = 0; m < M; ++m) {
-        int32_t c;
-        std::memcpy(&c, fx.hi.data() + (m0 + m) * K + k, sizeof(c));
-        const __m512i xc = _mm512_set1_epi32(c);
-        for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_dpbusd_epi32(acc[m][i], q[i], xc);
-      }
-    }
-    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
-    for (int i = 0; i < 4; ++i) {
-      __m512 scale, zero;
-      load_scale_zero(s + i * 32, &scale, &zero);
-      for (int m = 0; m < M; ++m) {
-        const int64_t mg = (m0 + m) * G + g;
-        const __m512i dot = _mm512_sub_epi32(acc[m][i], _mm512_set1_epi32(8 * fx.csum[mg]));
-        o[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                  _mm512_mul_ps(scale, _mm512_set1_ps(fx.step[mg])), o[m][i]);
-        o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(fx.xsum[mg]), o[m][i]);
-      }
-    }
-  }
-  for (int m = 0; m < M; ++m)
-    for (int i = 0; i < 4; ++i)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + m * ldo + n0 + 16 * i),
-                          fp32x16_to_bf16(o[m][i]));
-}
-
 using VnniFn = void (*)(const uint8_t*, const at::BFloat16*, int64_t, int64_t, int64_t, int64_t,
                         const FixedX&, int64_t, at::BFloat16*, int64_t);
 // [non-temporal][rows - 1]: see set_weight_prefetch.
 constexpr VnniFn kVnnis[2][kVnniRows] = {{block_vnni<1, _MM_HINT_T1>, block_vnni<2, _MM_HINT_T1>},
                                          {block_vnni<1, _MM_HINT_NTA>, block_vnni<2, _MM_HINT_NTA>}};
-constexpr VnniFn kVnnis8[2][kVnniRows] = {
-    {block_vnni8<1, _MM_HINT_T1>, block_vnni8<2, _MM_HINT_T1>},
-    {block_vnni8<1, _MM_HINT_NTA>, block_vnni8<2, _MM_HINT_NTA>}};
 
 // How the VNNI loop prefetches weights: "l2" (default) or "nta". A process-wide switch so that a
 // benchmark can compare the two side by side in one process; returns the previous mode.
@@ -423,10 +329,7 @@ void group_sums(const at::BFloat16* x, int64_t K, int64_t gs, float* sums, float
 }
 
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
-                     const at::Tensor& scales_zeros, int64_t group_size, bool vnni,
-                     int64_t act_bits) {
-  TORCH_CHECK(act_bits == 16 || act_bits == 8, "int4_gemv: act_bits must be 16 or 8, got ",
-              act_bits);
+                     const at::Tensor& scales_zeros, int64_t group_size, bool vnni) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   const int64_t G = scales_zeros.size(0);
@@ -438,18 +341,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   const bool use_vnni = vnni && cpu_has_vnni();
   FixedX fx;
   std::vector<float> xf, xs;
-  const bool eight = act_bits == 8;
   if (use_vnni) {
-    fx.hi.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G), fx.csum.resize(M * G);
-    if (!eight) fx.lo.resize(M * K);
-    for (int64_t m = 0; m < M; ++m) {
-      if (eight)
-        fixed_point8(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.step.data() + m * G,
-                     fx.csum.data() + m * G, fx.xsum.data() + m * G);
-      else
-        fixed_point(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.lo.data() + m * K,
-                    fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
-    }
+    fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
+        fx.csum.resize(M * G);
+    for (int64_t m = 0; m < M; ++m)
+      fixed_point(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.lo.data() + m * K,
+                  fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
   } else {
     xf.resize(M * K), xs.resize(M * G);
     for (int64_t m = 0; m < M; ++m)
@@ -461,8 +358,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t blocks = N / kBlockN;
   const int64_t step = use_vnni ? kVnniRows : kRows;
-  const int nta = g_prefetch_nta.load(std::memory_order_relaxed) ? 1 : 0;
-  const VnniFn* vnnis = eight ? kVnnis8[nta] : kVnnis[nta];
+  const VnniFn* vnnis = kVnnis[g_prefetch_nta.load(std::memory_order_relaxed) ? 1 : 0];
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
@@ -537,8 +433,7 @@ int64_t chunk_rows(int64_t K) {
 
 at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
                            const at::Tensor& scales_zeros, int64_t group_size,
-                           int64_t row_threshold, const std::optional<at::Tensor>& bias,
-                           int64_t act_bits) {
+                           int64_t row_threshold, const std::optional<at::Tensor>& bias) {
   const int64_t K = x.size(-1), N = scales_zeros.size(1);
   at::Tensor x2 = x.reshape({-1, K});
   if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
@@ -549,7 +444,7 @@ at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
     // A partial last block: torch's kernel reads it (rare: N is a multiple of 16 only).
     y = at::_weight_int4pack_mm_for_cpu(x2, packed, group_size, scales_zeros);
   } else if (rows < row_threshold) {
-    y = int4_gemv(x2, packed, scales_zeros, group_size, true, act_bits);
+    y = int4_gemv(x2, packed, scales_zeros, group_size, true);
   } else {
     const int64_t step = chunk_rows(K);
     if (step >= N) {
@@ -636,7 +531,7 @@ void register_kernels() {
 TORCH_LIBRARY(vllm_omni_C, m) {
   m.def(
       "int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, "
-      "bool vnni=True, int act_bits=16) -> Tensor");
+      "bool vnni=True) -> Tensor");
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
