@@ -143,7 +143,9 @@ def gguf_tensor_types(path: Path) -> dict[str, dict[str, int]]:
 # -------------------------------------------------------------------------------------- arms
 
 
-def arm_table(art: dict) -> list[dict]:
+def arm_table(art: dict, stage_env: dict[str, str] | None = None) -> list[dict]:
+    """The arms of one pass; ``stage_env`` goes to every vLLM arm's engine (``--stage-env``)."""
+    stage = dict(STAGE, env=dict(stage_env)) if stage_env else STAGE
     arms = []
     for weights in ("bf16", "int4"):
         for mode in ("eager", "compiled"):
@@ -152,7 +154,7 @@ def arm_table(art: dict) -> list[dict]:
                     "id": f"vllm-{weights}-{mode}-p{plen}", "engine": "vllm",
                     "weights": weights, "mode": mode, "prompt_len": plen,
                     "model": art["model"] if weights == "bf16" else art["int4"],
-                    "stage": dict(STAGE, enforce_eager=(mode == "eager"), quantization=None),
+                    "stage": dict(stage, enforce_eager=(mode == "eager"), quantization=None),
                     "workload": dict(WORKLOAD, prompt_len=plen)})
     for qtype in LLAMA_TYPES:
         arms.append({"id": f"llamacpp-{qtype}", "engine": "llama.cpp", "weights": qtype,
@@ -384,7 +386,7 @@ def run(args: argparse.Namespace) -> Path:
     bandwidth = [measure_bandwidth(cpus, run_dir / "bandwidth-1.log")]
     _log(f"bandwidth: {bandwidth[0].get('ceiling_gb_s')} GB/s")
 
-    arms = arm_table(art)
+    arms = arm_table(art, args.stage_env)
     records: list[dict] = []
     pass_walls = []
     for pass_no in range(1, args.passes + 1):
@@ -441,7 +443,7 @@ def run(args: argparse.Namespace) -> Path:
         "provenance": provenance, "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
-        "settings": {"stage": STAGE, "workload": WORKLOAD, "prompt_lens": PROMPT_LENS,
+        "settings": {"stage": STAGE, "stage_env": args.stage_env, "workload": WORKLOAD, "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "repetitions": 3}},
         "artifacts": art, "arms": arms,
@@ -608,6 +610,13 @@ def _int_list(text: str) -> list[int]:
             from None
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m omni_ray.bench.int4_peers",
                                 description=__doc__.splitlines()[0])
@@ -621,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arm-timeout", type=float, default=900.0)
     p.add_argument("--work-dir", type=Path, default=None,
                    help="artifacts and logs (default $OMNI_RAY_CACHE/bench/int4_peers)")
+    p.add_argument("--stage-env", type=_env_pair, action="append", default=[],
+                   metavar="NAME=VALUE", help="environment of every vLLM arm's engine (repeat); "
+                   "e.g. OMP_WAIT_POLICY=ACTIVE, as llama-bench's threads poll for work")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--readme-from", type=Path, default=None, metavar="RESULT.json",
                    help="only rewrite README.md beside RESULT.json from it (no benchmark)")
@@ -635,6 +647,7 @@ def write_readme(result_path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.stage_env = dict(args.stage_env)
     if args.passes < 1:
         print("int4_peers: error: --passes must be >= 1", file=sys.stderr)
         return 2

@@ -111,3 +111,15 @@ def test_parser_defaults():
     args = int4_peers.build_parser().parse_args([])
     assert isinstance(args, argparse.Namespace)
     assert args.cpus == [0, 1] and args.passes == 2 and args.shape == "qwen2.5-0.5b"
+
+
+def test_stage_env_reaches_every_vllm_arm_and_only_those():
+    art = {"model": "m", "int4": "q", "gguf": {"bf16": {"path": "a"}, "Q4_0": {"path": "b"}}}
+    arms = int4_peers.arm_table(art, {"OMP_WAIT_POLICY": "ACTIVE"})
+    vllm = [a for a in arms if a["engine"] == "vllm"]
+    assert len(vllm) == 8 and all(a["stage"]["env"] == {"OMP_WAIT_POLICY": "ACTIVE"} for a in vllm)
+    assert all("stage" not in a for a in arms if a["engine"] != "vllm")
+    assert all("env" not in a["stage"] for a in int4_peers.arm_table(art) if "stage" in a)
+    assert dict([int4_peers._env_pair("OMP_WAIT_POLICY=ACTIVE")]) == {"OMP_WAIT_POLICY": "ACTIVE"}
+    with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE, got 'ACTIVE'"):
+        int4_peers._env_pair("ACTIVE")
