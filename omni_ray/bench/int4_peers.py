@@ -443,7 +443,8 @@ def run(args: argparse.Namespace) -> Path:
         "provenance": provenance, "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
-        "settings": {"stage": STAGE, "stage_env": args.stage_env, "workload": WORKLOAD, "prompt_lens": PROMPT_LENS,
+        "settings": {"stage": STAGE, "stage_env": args.stage_env, "workload": WORKLOAD,
+                     "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "repetitions": 3}},
         "artifacts": art, "arms": arms,
