@@ -19,6 +19,8 @@ from typing import Any
 
 from omni_ray.errors import ConfigError
 from omni_ray.models.shapes import SHAPES
+from vllm_omni import envs as omni_envs
+from vllm_omni import patches as omni_patches
 
 Check = Callable[[Any, "Where"], Any]
 
@@ -210,7 +212,7 @@ def model(value: object, where: Where) -> str:
     raise where.error(f"not a directory and not a shape ({', '.join(SHAPES)})", value)
 
 
-PATCHES = ("aot_cache", "kv_budget", "release_memory", "cpu_attention")
+PATCHES = tuple(p.NAME for p in omni_patches.PATCHES)  # vllm_omni's own list (no vLLM import)
 
 
 def patch_names(value: object, where: Where) -> tuple[str, ...]:
@@ -233,10 +235,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # over it, and configs/patches_ab.yaml sets it on purpose to show what happens without the patch.
 _ENV_OWNED = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "multiprocessing",
-    "VLLM_OMNI_DISABLE": "disable_patches",
-    "VLLM_OMNI_DISABLE_AOT_CACHE": "disable_patches",
-    "VLLM_OMNI_DISABLE_KV_BUDGET": "disable_patches",
-    "VLLM_OMNI_DISABLE_RELEASE_MEMORY": "disable_patches",
+    omni_envs.VLLM_OMNI_DISABLE: "disable_patches",
+    **{omni_envs.DISABLE_PREFIX + name.upper(): "disable_patches" for name in PATCHES},
 }
 
 

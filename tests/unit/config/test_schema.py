@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_omni import patches as omni_patches
+
 from omni_ray.config import (
     AXIS_FIELDS, FrozenDict, NoiseConfig, PlacementConfig, StageConfig, SweepConfig,
     WorkloadConfig, stage_from_dict, sweep_from_dict, workload_from_dict)
@@ -174,3 +176,15 @@ def test_sweep_config_direct_construction_validates() -> None:
         SweepConfig(name="a b", source="", stage=stage)
     with pytest.raises(ConfigError, match=r"^x: matrix\.batch\[0\]: must be > 0, got 0"):
         SweepConfig(name="a", source="x", stage=stage, matrix={"batch": [0]})
+
+
+@pytest.mark.parametrize("patch", [m.NAME for m in omni_patches.PATCHES])
+def test_every_patch_switch_is_refused_in_stage_env(patch):
+    """stage.env cannot switch a patch off behind disable_patches' back, for every patch
+    vllm_omni has (the list is vllm_omni's own, so a new patch is covered)."""
+    name = f"VLLM_OMNI_DISABLE_{patch.upper()}"
+    with pytest.raises(ConfigError, match=rf"^<dict>: env\.{name}: set by the typed field "
+                                          r"stage\.disable_patches"):
+        stage_from_dict({"model": "tiny", "kv_cache_mib": 64, "env": {name: "1"}}, "<dict>")
+    assert patch in stage_from_dict({"model": "tiny", "kv_cache_mib": 64,
+                                     "disable_patches": [patch]}).disable_patches
