@@ -612,9 +612,17 @@ def _int_list(text: str) -> list[int]:
 
 
 def _env_pair(text: str) -> tuple[str, str]:
+    """NAME=VALUE, the name checked as a sweep's ``stage.env`` is (a valid name, not one a typed
+    stage field owns)."""
+    from omni_ray.config import fields
+
     name, sep, value = text.partition("=")
-    if not sep or not name.isidentifier():
+    if not sep:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        fields.env({name: value}, fields.Where("--stage-env", "."))
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return name, value
 
 

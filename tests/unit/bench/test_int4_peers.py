@@ -123,3 +123,9 @@ def test_stage_env_reaches_every_vllm_arm_and_only_those():
     assert dict([int4_peers._env_pair("OMP_WAIT_POLICY=ACTIVE")]) == {"OMP_WAIT_POLICY": "ACTIVE"}
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE, got 'ACTIVE'"):
         int4_peers._env_pair("ACTIVE")
+    # the same checks as a sweep's stage.env
+    with pytest.raises(argparse.ArgumentTypeError, match="1X: not an environment variable name"):
+        int4_peers._env_pair("1X=2")
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match="VLLM_OMNI_DISABLE_KV_BUDGET: set by the typed field"):
+        int4_peers._env_pair("VLLM_OMNI_DISABLE_KV_BUDGET=1")
