@@ -119,7 +119,9 @@ def _inside_model_not_head(event) -> bool:
 def _generate(llm, prompt, n: int) -> float:
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    from omni_ray.engine.runner import GREEDY
+
+    params = SamplingParams(max_tokens=n, **GREEDY)
     t0 = time.perf_counter()
     llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     return time.perf_counter() - t0

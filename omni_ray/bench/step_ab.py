@@ -77,7 +77,7 @@ def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from omni_ray.engine.runner import engine_env, engine_kwargs
+    from omni_ray.engine.runner import GREEDY, engine_env, engine_kwargs
     from omni_ray.measure.pinning import pin_all_threads
 
     a, b = SWITCHES[args.switch]
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     prompt = [{"prompt_token_ids": token_prompts(1, PROMPT_LEN, vocab, seed=1)[0]}]
 
-    sampling = {"temperature": 0.0, "ignore_eos": True}
+    sampling = dict(GREEDY)
 
     def timed(n: int) -> tuple[float, list[int]]:
         params = SamplingParams(max_tokens=n, **sampling)

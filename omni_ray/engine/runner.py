@@ -60,6 +60,10 @@ def engine_kwargs(req: dict) -> dict:
     return kwargs
 
 
+# Every measured request: greedy, and never stopped early by an EOS token.
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
 def _timed_generate(llm, prompts, params) -> tuple[float, list]:
     with Stopwatch() as sw:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -70,7 +74,7 @@ def run_workload(llm, wl: dict, vocab_size: int, sampler: TreeSampler, seed: int
     from vllm import SamplingParams
 
     batch, plen, n = wl["batch"], wl["prompt_len"], wl["output_len"]
-    greedy = {"temperature": 0.0, "ignore_eos": True, "detokenize": wl.get("detokenize", True)}
+    greedy = dict(GREEDY, detokenize=wl.get("detokenize", True))
     one = SamplingParams(max_tokens=1, **greedy)
     many = SamplingParams(max_tokens=n, **greedy)
     calls = iter(range(1, 1 << 30))
