@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -89,11 +90,16 @@ def test_impossible_budgets_fail_as_records_and_the_rest_runs(local_ray, tmp_pat
     assert report.failed == 2
 
 
-def _kill_engine_when_up(stop: threading.Event, killed: list) -> None:
+def _kill_engine_when_up(stop: threading.Event, killed: list, out: Path) -> None:
+    """SIGKILL the engine once it is 8 s old and has written to its log: on a loaded host an
+    engine 8 s old had not always written anything, and an empty stderr tail is what the test
+    must not accept."""
     while not stop.is_set():
+        logged = any(f.stat().st_size > 0 for f in out.glob("*/*/logs/*.log"))
         for p in psutil.process_iter(["cmdline", "create_time"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "omni_ray.engine.runner" in cmd and time.time() - p.info["create_time"] > 8:
+            if logged and "omni_ray.engine.runner" in cmd \
+                    and time.time() - p.info["create_time"] > 8:
                 p.kill()
                 killed.append(p.pid)
                 return
@@ -105,7 +111,7 @@ def test_a_killed_engine_is_a_failed_record_and_its_actor_is_gone(local_ray, tmp
     from ray.util.state import list_actors
 
     stop, killed = threading.Event(), []
-    t = threading.Thread(target=_kill_engine_when_up, args=(stop, killed), daemon=True)
+    t = threading.Thread(target=_kill_engine_when_up, args=(stop, killed, tmp_path), daemon=True)
     t.start()
     try:
         report = omni_ray.run_sweep(sweep("killed"), out=tmp_path, allow_busy=True)
