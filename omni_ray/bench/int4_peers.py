@@ -143,9 +143,13 @@ def gguf_tensor_types(path: Path) -> dict[str, dict[str, int]]:
 # -------------------------------------------------------------------------------------- arms
 
 
-def arm_table(art: dict, stage_env: dict[str, str] | None = None) -> list[dict]:
-    """The arms of one pass; ``stage_env`` goes to every vLLM arm's engine (``--stage-env``)."""
+def arm_table(art: dict, stage_env: dict[str, str] | None = None,
+              cpp_wrapper: bool = False) -> list[dict]:
+    """The arms of one pass; ``stage_env`` goes to every vLLM arm's engine (``--stage-env``),
+    ``cpp_wrapper`` to every compiled one (``--cpp-wrapper``; eager arms compile nothing)."""
     stage = dict(STAGE, env=dict(stage_env)) if stage_env else STAGE
+    if cpp_wrapper:
+        stage = dict(stage, cpp_wrapper=True)
     arms = []
     for weights in ("bf16", "int4"):
         for mode in ("eager", "compiled"):
@@ -386,7 +390,7 @@ def run(args: argparse.Namespace) -> Path:
     bandwidth = [measure_bandwidth(cpus, run_dir / "bandwidth-1.log")]
     _log(f"bandwidth: {bandwidth[0].get('ceiling_gb_s')} GB/s")
 
-    arms = arm_table(art, args.stage_env)
+    arms = arm_table(art, args.stage_env, args.cpp_wrapper)
     records: list[dict] = []
     pass_walls = []
     for pass_no in range(1, args.passes + 1):
@@ -443,7 +447,8 @@ def run(args: argparse.Namespace) -> Path:
         "provenance": provenance, "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
-        "settings": {"stage": STAGE, "stage_env": args.stage_env, "workload": WORKLOAD,
+        "settings": {"stage": STAGE, "stage_env": args.stage_env,
+                     "cpp_wrapper": args.cpp_wrapper, "workload": WORKLOAD,
                      "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "repetitions": 3}},
@@ -642,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-env", type=_env_pair, action="append", default=[],
                    metavar="NAME=VALUE", help="environment of every vLLM arm's engine (repeat); "
                    "e.g. OMP_WAIT_POLICY=ACTIVE, as llama-bench's threads poll for work")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="compiled vLLM arms (bf16 and int4 alike) use inductor's C++ wrapper "
+                        "(stage.cpp_wrapper)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--readme-from", type=Path, default=None, metavar="RESULT.json",
                    help="only rewrite README.md beside RESULT.json from it (no benchmark)")

@@ -294,6 +294,11 @@ def engine_args(value: object, where: Where) -> FrozenDict:
         if key in _ENGINE_ARGS_OWNED:
             raise (where / key).error(
                 f"duplicates a typed field; set {_ENGINE_ARGS_OWNED[key]} instead")
+    inductor = (value.get("compilation_config") or {})
+    inductor = inductor.get("inductor_compile_config") if isinstance(inductor, Mapping) else None
+    if isinstance(inductor, Mapping) and "cpp_wrapper" in inductor:
+        raise (where / "compilation_config" / "inductor_compile_config" / "cpp_wrapper").error(
+            "duplicates a typed field; set stage.cpp_wrapper instead", inductor["cpp_wrapper"])
     return _json_value(value, where)  # type: ignore[return-value]
 
 

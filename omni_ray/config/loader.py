@@ -12,7 +12,7 @@ from omni_ray.config.fields import Origin, Where
 from omni_ray.config.grid import expand
 from omni_ray.config.schema import (
     NOISE_FIELDS, PLACEMENT_FIELDS, STAGE_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig,
-    PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes)
+    PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage)
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
@@ -85,6 +85,7 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
     for arm in expand(sweep):
         s, w = arm.stage, arm.workload
         which = "" if arm.label == "base" else f" (arm {arm.label})"
+        check_stage(s, where / "stage", which)
         if w.prompt_len + w.output_len > s.max_model_len:
             raise (where / "workload").error(
                 f"prompt_len + output_len = {w.prompt_len + w.output_len} exceeds "

@@ -27,6 +27,7 @@ STAGE_FIELDS: dict[str, f.Check] = {
     "env": f.env,
     "disable_patches": f.patch_names,
     "warm_start": f.boolean,
+    "cpp_wrapper": f.boolean,
     "engine_args": f.engine_args,
 }
 STAGE_REQUIRED = ("model", "kv_cache_mib")
@@ -91,6 +92,7 @@ class StageConfig(_Config):
     env: dict[str, str] = dataclasses.field(default_factory=FrozenDict)  # engine process env
     disable_patches: tuple[str, ...] = ()  # vllm_omni patches to switch off (ablation)
     warm_start: bool = False        # start once before measuring, so the compile cache is warm
+    cpp_wrapper: bool = False       # compiled stages: inductor's C++ wrapper drives the graph
     engine_args: dict[str, Any] = dataclasses.field(default_factory=FrozenDict)  # to vllm.LLM
 
     def __post_init__(self) -> None:
@@ -255,7 +257,17 @@ def stage_from_dict(d: Mapping[str, Any], source: str = "<dict>", *,
     for key in STAGE_REQUIRED:
         if key not in values:
             raise (where / key).error("required field missing")
-    return StageConfig(**values)
+    stage = StageConfig(**values)
+    check_stage(stage, where)
+    return stage
+
+
+def check_stage(stage: StageConfig, where: Where, which: str = "") -> None:
+    """Limits that span a stage's fields (``which`` names the arm, for sweeps)."""
+    names = stage.env.get("VLLM_USE_LAYERNAME", "0")
+    if stage.cpp_wrapper and names != "0":
+        raise where.error("cpp_wrapper needs plain layer names; env.VLLM_USE_LAYERNAME must be "
+                          f"0 or unset{which}", names)
 
 
 def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:

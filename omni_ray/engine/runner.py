@@ -22,6 +22,18 @@ from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
 from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
 
+def _cpp_wrapper(stage: dict) -> bool:
+    """Whether inductor's C++ wrapper drives this stage's graph (nothing is compiled when eager).
+
+    With it, a decode step runs no generated Python between the graph's kernels and custom ops
+    (vLLM 0.32 compiles a CPU model's whole forward as one graph). It needs layer names passed
+    as plain strings: on torch >= 2.11 vLLM passes its opaque ``LayerName`` type, a Python
+    object the generated C++ cannot hold, unless ``VLLM_USE_LAYERNAME=0``
+    (vllm/utils/torch_utils.py). It costs a longer cold compile (the wrapper is C++ too).
+    """
+    return bool(stage.get("cpp_wrapper")) and not stage.get("enforce_eager", True)
+
+
 def engine_env(req: dict) -> dict[str, str]:
     """The variables the engine process needs, decided before vLLM is imported."""
     stage = req["stage"]
@@ -39,6 +51,8 @@ def engine_env(req: dict) -> dict[str, str]:
     if req.get("compile_cache_dir"):
         env["VLLM_CACHE_ROOT"] = req["compile_cache_dir"]
     env.update({k: str(v) for k, v in (stage.get("env") or {}).items()})
+    if _cpp_wrapper(stage):  # after stage.env: the config check refuses another value anyway
+        env["VLLM_USE_LAYERNAME"] = "0"
     return env
 
 
@@ -57,6 +71,14 @@ def engine_kwargs(req: dict) -> dict:
     if stage.get("quantization"):
         kwargs["quantization"] = stage["quantization"]
     kwargs.update(stage.get("engine_args") or {})
+    if _cpp_wrapper(stage):
+        compilation = kwargs.get("compilation_config") or {}
+        if isinstance(compilation, int):  # vllm.LLM takes a bare compilation mode too
+            compilation = {"mode": compilation}
+        compilation = dict(compilation)
+        compilation["inductor_compile_config"] = dict(
+            compilation.get("inductor_compile_config") or {}, cpp_wrapper=True)
+        kwargs["compilation_config"] = compilation
     return kwargs
 
 

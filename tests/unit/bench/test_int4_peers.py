@@ -129,3 +129,18 @@ def test_stage_env_reaches_every_vllm_arm_and_only_those():
     with pytest.raises(argparse.ArgumentTypeError,
                        match="VLLM_OMNI_DISABLE_KV_BUDGET: set by the typed field"):
         int4_peers._env_pair("VLLM_OMNI_DISABLE_KV_BUDGET=1")
+
+
+def test_cpp_wrapper_reaches_every_vllm_arm_and_the_runner_applies_it_to_compiled_ones():
+    from omni_ray.engine.runner import engine_env, engine_kwargs
+
+    art = {"model": "m", "int4": "q", "gguf": {"bf16": {"path": "a"}, "Q4_0": {"path": "b"}}}
+    vllm = [a for a in int4_peers.arm_table(art, cpp_wrapper=True) if a["engine"] == "vllm"]
+    assert len(vllm) == 8 and all(a["stage"]["cpp_wrapper"] is True for a in vllm)
+    applied = {a["id"]: "cpp_wrapper" in engine_kwargs(
+        {"model_path": "m", "stage": a["stage"]}).get("compilation_config", {}).get(
+        "inductor_compile_config", {}) for a in vllm}
+    assert applied == {a["id"]: a["mode"] == "compiled" for a in vllm}
+    assert all(engine_env({"stage": a["stage"]}).get("VLLM_USE_LAYERNAME") ==
+               ("0" if a["mode"] == "compiled" else None) for a in vllm)
+    assert int4_peers.build_parser().parse_args(["--cpp-wrapper"]).cpp_wrapper is True

@@ -44,6 +44,15 @@ def test_other_defaults() -> None:
      r"^<dict>: batch: unknown key \(belongs under workload:\); allowed: model, dtype"),
     ({"model": "tiny", "kv_cache_mib": 1, "engine_args": {"dtype": "half"}},
      r"engine_args\.dtype: duplicates a typed field; set stage\.dtype instead"),
+    ({"model": "tiny", "kv_cache_mib": 1, "engine_args": {
+        "compilation_config": {"inductor_compile_config": {"cpp_wrapper": True}}}},
+     r"^<dict>: engine_args\.compilation_config\.inductor_compile_config\.cpp_wrapper: "
+     r"duplicates a typed field; set stage\.cpp_wrapper instead, got True$"),
+    ({"model": "tiny", "kv_cache_mib": 1, "cpp_wrapper": True, "env": {"VLLM_USE_LAYERNAME": 1}},
+     r"^<dict>: cpp_wrapper needs plain layer names; env\.VLLM_USE_LAYERNAME must be 0 or "
+     r"unset, got '1'$"),
+    ({"model": "tiny", "kv_cache_mib": 1, "cpp_wrapper": "yes"},
+     r"^<dict>: cpp_wrapper: must be"),
 ])
 def test_stage_from_dict_errors(d: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -188,3 +197,16 @@ def test_every_patch_switch_is_refused_in_stage_env(patch):
         stage_from_dict({"model": "tiny", "kv_cache_mib": 64, "env": {name: "1"}}, "<dict>")
     assert patch in stage_from_dict({"model": "tiny", "kv_cache_mib": 64,
                                      "disable_patches": [patch]}).disable_patches
+
+
+def test_a_swept_layer_name_setting_that_breaks_cpp_wrapper_names_the_arm(tmp_path):
+    from omni_ray.config.loader import sweep_from_dict
+
+    d = {"name": "s", "model": "tiny", "stage": {"kv_cache_mib": 8, "cpp_wrapper": True,
+                                                 "enforce_eager": False},
+         "matrix": {"env": [{}, {"VLLM_USE_LAYERNAME": "1"}]}}
+    with pytest.raises(ConfigError, match=r"^<dict>: stage: cpp_wrapper needs plain layer names; "
+                                          r"env\.VLLM_USE_LAYERNAME must be 0 or unset \(arm env="):
+        sweep_from_dict(d)
+    ok = {"model": "tiny", "kv_cache_mib": 8, "env": {"VLLM_USE_LAYERNAME": "0"}}
+    assert stage_from_dict(ok | {"cpp_wrapper": True}).env["VLLM_USE_LAYERNAME"] == "0"

@@ -45,6 +45,26 @@ def test_engine_kwargs_turn_mib_into_bytes_and_pass_engine_args_through():
     assert kw["block_size"] == 32 and kw["enable_prefix_caching"] is False
 
 
+def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_only():
+    compiled = {"model_path": "/m", "stage": {
+        "kv_cache_mib": 64, "enforce_eager": False, "cpp_wrapper": True,
+        "engine_args": {"compilation_config": {"inductor_compile_config": {"dce": False},
+                                               "mode": 3}}}}
+    kw = engine_kwargs(compiled)
+    assert kw["compilation_config"] == {"mode": 3, "inductor_compile_config": {
+        "dce": False, "cpp_wrapper": True}}
+    assert engine_env(compiled)["VLLM_USE_LAYERNAME"] == "0"
+    bare_mode = dict(compiled, stage=dict(compiled["stage"], engine_args={"compilation_config": 3}))
+    assert engine_kwargs(bare_mode)["compilation_config"] == {
+        "mode": 3, "inductor_compile_config": {"cpp_wrapper": True}}
+    eager = dict(compiled, stage=dict(compiled["stage"], enforce_eager=True))
+    assert "VLLM_USE_LAYERNAME" not in engine_env(eager)
+    assert "cpp_wrapper" not in engine_kwargs(eager)["compilation_config"].get(
+        "inductor_compile_config", {})
+    off = dict(compiled, stage=dict(compiled["stage"], cpp_wrapper=False))
+    assert engine_kwargs(off)["compilation_config"]["inductor_compile_config"] == {"dce": False}
+
+
 def _fake_engine(monkeypatch, code: str):
     import sys
 
