@@ -32,6 +32,9 @@ print(f"omni-ray setup ok: torch {torch.__version__}, vllm {__import__('vllm')._
 # Build the native cpu_int4 kernels now rather than in the first int4 engine (about 10 s).
 st = native.load()
 print(f"cpu_int4 kernels: {'native' if st.available else 'torch fallback'} ({st.reason})")
+# And the cpu_attention patch's C++ kernels (about 30 s).
+module, why = native.attention_kernels()
+print(f"cpu_attention kernels: {'C++' if module else 'Python'} ({why})")
 PY
 rm -f .venv/.omni-setup-*
 touch "$stamp"

@@ -17,6 +17,9 @@ VLLM_OMNI_DISABLE = "VLLM_OMNI_DISABLE"
 DISABLE_PREFIX = "VLLM_OMNI_DISABLE_"
 # Runs cpu_int4 on torch's int4 kernels instead of vllm_omni's native ones (vllm_omni/ops/native.py).
 VLLM_OMNI_DISABLE_NATIVE_INT4 = "VLLM_OMNI_DISABLE_NATIVE_INT4"
+# Keeps the cpu_attention patch on its Python kernels instead of its C++ ones
+# (vllm_omni/ops/csrc/cpu_attention.cpp), for comparison.
+VLLM_OMNI_DISABLE_NATIVE_ATTENTION = "VLLM_OMNI_DISABLE_NATIVE_ATTENTION"
 # Where vllm_omni keeps what it builds (the native kernels); default ~/.cache/vllm_omni.
 VLLM_OMNI_CACHE = "VLLM_OMNI_CACHE"
 # vLLM's own: GiB of KV cache for every engine of the process tree (vllm/platforms/cpu.py).
@@ -47,6 +50,11 @@ def patch_disabled(patch_name: str) -> str | None:
 
 def native_int4_disabled() -> str | None:
     return VLLM_OMNI_DISABLE_NATIVE_INT4 if _truthy(VLLM_OMNI_DISABLE_NATIVE_INT4) else None
+
+
+def native_attention_disabled() -> str | None:
+    name = VLLM_OMNI_DISABLE_NATIVE_ATTENTION
+    return name if _truthy(name) else None
 
 
 def cache_root() -> Path:

@@ -16,6 +16,8 @@ Switches, each flipped at run time without restarting the engine:
   removed and applied again; the engine starts with it switched off).
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
+- ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
+  the engine gets layer names as strings (``VLLM_USE_LAYERNAME=0``), which the C++ ones need.
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
   ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
 
@@ -37,6 +39,7 @@ from omni_ray.bench.common import save
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
+    "attention_kernels": ("python", "cpp"),
     "weight_prefetch": ("l2", "nta"),
     "detokenize": ("on", "off"),
 }
@@ -55,6 +58,12 @@ def flipper(switch: str, sampling: dict):
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
     from vllm_omni.patches import cpu_attention
+
+    if switch == "attention_kernels":
+        def flip_kernels(side: str) -> None:
+            cpu_attention.remove()
+            cpu_attention.apply(cpu_attention.find_target(), native=side == "cpp")
+        return flip_kernels
 
     def flip(side: str) -> None:
         if side == "vllm_omni":
@@ -88,8 +97,10 @@ def run(args: argparse.Namespace) -> dict:
 
         model = ensure_int4(args.shape, envs.cache_dir() / "bench" / "int4_peers")[1]
     cpus = sorted(os.sched_getaffinity(0))
-    stage = dict(STAGE, enforce_eager=args.eager,
+    stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
                  disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
+    if args.switch == "attention_kernels":
+        stage["env"] = {"VLLM_USE_LAYERNAME": "0"}
     req = {"model_path": str(model), "stage": stage, "cpus": cpus}
     os.environ.update(engine_env(req))
     pin_all_threads(cpus)
@@ -131,7 +142,8 @@ def run(args: argparse.Namespace) -> dict:
                 tokens[side] = None  # greedy decoding of one prompt changed within a side
     flip(a)
     return {"switch": args.switch, "a": a, "b": b, "model": str(model), "shape": args.shape,
-            "mode": "eager" if args.eager else "compiled", "cpus": cpus, "pairs": args.pairs,
+            "mode": "eager" if args.eager else "compiled", "cpp_wrapper": args.cpp_wrapper,
+            "cpus": cpus, "pairs": args.pairs,
             "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "step_ms": ms,
             **summarize(a, b, ms),
             "same_tokens": tokens[a] is not None and tokens[a] == tokens[b],
@@ -145,10 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--model", help="a cpu_int4 checkpoint directory (default: the shape's)")
     p.add_argument("--eager", action="store_true", help="enforce_eager (default: compiled)")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="compiled with inductor's C++ wrapper (omni-ray's stage.cpp_wrapper)")
     p.add_argument("--out", default="results/step_ab/")
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs must be at least 1, got {args.pairs}")
+    if args.cpp_wrapper and args.eager:
+        p.error("--cpp-wrapper needs a compiled engine; drop --eager")
     if args.model and not Path(args.model).is_dir():
         p.error(f"--model: not a checkpoint directory: {args.model}")
     if args.switch == "weight_prefetch":

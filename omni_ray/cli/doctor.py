@@ -40,8 +40,11 @@ def _kernels() -> dict:
 
     st = native.load()  # builds them on first use (about 10 s)
     # which functions torch.ops.vllm_omni.* dispatch to on CPU: "native" (C++) or "python"
+    attention, why = native.attention_kernels()  # built on first use too (about 30 s)
     return {"cpu_int4_native": {"available": st.available, "reason": st.reason,
-                                "op_kernels": int4_linear.kernels()}}
+                                "op_kernels": int4_linear.kernels()},
+            # used when layer names are strings (VLLM_USE_LAYERNAME=0; stage.cpp_wrapper)
+            "cpu_attention_native": {"available": attention is not None, "reason": why}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,4 +65,7 @@ def run(args: argparse.Namespace) -> int:
     # Not a failure: cpu_int4 then runs on torch's int4 kernels, slower.
     print(f"kernels      cpu_int4  {'native' if nat['available'] else 'torch fallback'}: "
           f"{nat['reason']}; ops run the {nat['op_kernels']} kernels")
+    att = info["kernels"]["cpu_attention_native"]
+    print(f"kernels      cpu_attention  {'C++' if att['available'] else 'Python'}: {att['reason']}"
+          " (C++ serves when VLLM_USE_LAYERNAME=0)")
     return 0 if ok else 1

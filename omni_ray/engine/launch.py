@@ -30,6 +30,7 @@ _MARKERS = {
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
     "kv_explicit_kept": re.compile(r"vllm_omni: keeping explicit kv_cache_memory_bytes"),
     "cpu_attention_short_path": re.compile(r"vllm_omni: cpu_attention short path in use"),
+    "cpu_attention_native": re.compile(r"vllm_omni: cpu_attention short path in use \(C\+\+"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 _TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "

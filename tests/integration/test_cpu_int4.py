@@ -31,6 +31,8 @@ def _engine_main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     kw = {"quantization": spec["quantization"]} if spec.get("quantization") else {}
+    if spec.get("compilation_config"):
+        kw["compilation_config"] = spec["compilation_config"]
     llm = LLM(model=spec["model"], enforce_eager=spec["eager"], kv_cache_memory_bytes=64 << 20,
               max_model_len=256, logprobs_mode="raw_logits", max_logprobs=-1, seed=0, **kw)
     sp = SamplingParams(max_tokens=GEN_TOKENS, temperature=0, prompt_logprobs=-1,
@@ -41,12 +43,17 @@ def _engine_main(spec_path: str, out_path: str) -> None:
     for i, pos in enumerate(out.prompt_logprobs[1:]):
         for tok, lp in pos.items():
             logits[i, tok] = lp.logprob
-    torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits}, out_path)
+    from vllm_omni.patches import cpu_attention
+
+    torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits,
+                "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python"},
+               out_path)
 
 
 def _run(tmp: Path, name: str, model: Path, *, eager: bool = True,
-         quantization: str | None = None, check: bool = True,
-         timeout: int = 300) -> dict | subprocess.CompletedProcess:
+         quantization: str | None = None, check: bool = True, timeout: int = 300,
+         compilation_config: dict | None = None,
+         env_extra: dict | None = None) -> dict | subprocess.CompletedProcess:
     import random
 
     import torch
@@ -55,10 +62,12 @@ def _run(tmp: Path, name: str, model: Path, *, eager: bool = True,
     prompt = [rng.randrange(3, 2000) for _ in range(PROMPT_LEN)]
     spec = tmp / f"{name}.spec.json"
     spec.write_text(json.dumps({"model": str(model), "eager": eager, "prompt": prompt,
-                                "quantization": quantization}))
+                                "quantization": quantization,
+                                "compilation_config": compilation_config}))
     out = tmp / f"{name}.pt"
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")  # compile from scratch, no stale artefacts
+    env["VLLM_CACHE_ROOT"] = str(tmp / f"vllm-cache-{name}")  # compile from scratch
+    env.update(env_extra or {})
     proc = subprocess.run([sys.executable, "-m", "tests.integration.test_cpu_int4", str(spec),
                            str(out)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -154,9 +163,13 @@ def test_quantize_at_load_equals_the_written_checkpoint(work, int4):
     assert (at_load["logits"] - int4["logits"]).abs().max().item() == 0.0
 
 
-def test_compiled_equals_eager(work, int4):
+@pytest.fixture(scope="module")
+def compiled(work):
     tmp, _, dst = work
-    compiled = _run(tmp, "int4-compiled", dst, eager=False, timeout=600)
+    return _run(tmp, "int4-compiled", dst, eager=False, timeout=600)
+
+
+def test_compiled_equals_eager(int4, compiled):
     assert compiled["tokens"] == int4["tokens"]
     m = _compare(int4, compiled)
     print(f"\ncpu_int4 compiled vs eager: {m}")
@@ -165,6 +178,19 @@ def test_compiled_equals_eager(work, int4):
     # which flips 2 of 63 near-tied prompt argmaxes of this random model.
     assert m["rel_mae"] < 0.01
     assert m["argmax_agree"] >= 0.9
+
+
+def test_cpp_wrapper_computes_what_the_python_wrapper_does(work, compiled):
+    """Inductor's C++ wrapper (omni-ray's stage.cpp_wrapper) drives the same generated kernels,
+    and with layer names as strings the attention ops run the cpu_attention patch's C++
+    kernels: the same logits, bit for bit, and the same tokens."""
+    tmp, _, dst = work
+    cpp = _run(tmp, "int4-cpp-wrapper", dst, eager=False, timeout=600,
+               compilation_config={"inductor_compile_config": {"cpp_wrapper": True}},
+               env_extra={"VLLM_USE_LAYERNAME": "0"})
+    assert (cpp["attention_kernels"], compiled["attention_kernels"]) == ("cpp", "python")
+    assert cpp["tokens"] == compiled["tokens"]
+    assert (cpp["logits"] - compiled["logits"]).abs().max().item() == 0.0
 
 
 def test_checkpoint_missing_a_tensor_names_layer_and_tensor(work):

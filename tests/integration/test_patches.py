@@ -97,11 +97,15 @@ def test_cpu_attention_short_path_computes_what_vllm_does(run_arm, tiny_model):
     greedy tokens, and only the patched engine says it took the short path."""
     wl = {"prompt_len": 24, "output_len": 48, "batch": 2, "warmup": 0, "repeats": 1}
     on = run_arm(tiny_model, workload=wl)
+    native = run_arm(tiny_model, workload=wl, stage={"env": {"VLLM_USE_LAYERNAME": "0"}})
     off = run_arm(tiny_model, workload=wl, stage={"disable_patches": ["cpu_attention"]})
     assert on["patch_report"]["cpu_attention"]["applied"] is True
     assert off["patch_report"]["cpu_attention"]["reason"] == (
         "disabled by VLLM_OMNI_DISABLE_CPU_ATTENTION=1")
-    assert on["log"]["cpu_attention_short_path"] == 1
+    # layer names as vLLM's LayerName objects: the Python kernels; as strings: the C++ ones
+    assert on["log"]["cpu_attention_short_path"] == 1 and on["log"]["cpu_attention_native"] == 0
+    assert native["log"]["cpu_attention_native"] == 1, native["log_path"]
     assert off["log"]["cpu_attention_short_path"] == 0
     ids = on["measurements"]["output_token_ids"]
     assert ids and ids == off["measurements"]["output_token_ids"]
+    assert native["measurements"]["output_token_ids"] == ids

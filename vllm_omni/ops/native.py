@@ -53,15 +53,15 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def build_dir() -> Path:
+def build_dir(name: str = NAME, source: Path = SOURCE, cflags: tuple[str, ...] = CFLAGS) -> Path:
     """Where this source, torch and flag combination is built (one directory per key)."""
     import torch
 
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(),
+    for part in (source.read_bytes(), torch.__version__.encode(), " ".join(cflags).encode(),
                  sys.version.encode()):
         key.update(part)
-    return envs.cache_root() / "ext" / f"{NAME}-{key.hexdigest()[:16]}"
+    return envs.cache_root() / "ext" / f"{name}-{key.hexdigest()[:16]}"
 
 
 def _unavailable() -> str | None:
@@ -79,7 +79,9 @@ def _unavailable() -> str | None:
     return None
 
 
-def _build_and_load(where: Path) -> str:
+def _build(where: Path, name: str, source: Path, cflags: tuple[str, ...],
+           ldflags: tuple[str, ...], python_module: bool):
+    """Build (if not built) and load ``source``; returns the Python module if ``python_module``."""
     from torch.utils import cpp_extension
 
     where.mkdir(parents=True, exist_ok=True)
@@ -88,9 +90,13 @@ def _build_and_load(where: Path) -> str:
         # torch's own build lock: a build killed half way leaves it behind and every later
         # build would wait on it forever. Holding ours, nobody else is building here.
         (where / "lock").unlink(missing_ok=True)
-        cpp_extension.load(name=NAME, sources=[str(SOURCE)], build_directory=str(where),
-                           extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-                           is_python_module=False, verbose=False)
+        return cpp_extension.load(name=name, sources=[str(source)], build_directory=str(where),
+                                  extra_cflags=list(cflags), extra_ldflags=list(ldflags),
+                                  is_python_module=python_module, verbose=False)
+
+
+def _build_and_load(where: Path) -> str:
+    _build(where, NAME, SOURCE, CFLAGS, LDFLAGS, python_module=False)
     return str(where / f"{NAME}.so")
 
 
@@ -118,3 +124,27 @@ def available() -> bool:
 def gemv_variant() -> str:
     """Which inner loop the native GEMV runs here: "int16-vnni" or "fp32"."""
     return "int16-vnni" if set(DOT_FLAGS) <= cpu_flags() else "fp32"
+
+
+# ------------------------------------------------------------------ the cpu_attention kernels
+
+ATTENTION_SOURCE = SOURCE.with_name("cpu_attention.cpp")
+ATTENTION_NAME = "vllm_omni_cpu_attention"
+ATTENTION_CFLAGS = ("-O2",)
+
+
+@functools.cache
+def attention_kernels():
+    """(module, reason): the cpu_attention patch's C++ kernels (``csrc/cpu_attention.cpp``),
+    built once per machine like the int4 ones, or (None, why not). Never raises."""
+    var = envs.native_attention_disabled()
+    if var:
+        return None, f"disabled by {var}"
+    where = build_dir(ATTENTION_NAME, ATTENTION_SOURCE, ATTENTION_CFLAGS)
+    try:
+        module = _build(where, ATTENTION_NAME, ATTENTION_SOURCE, ATTENTION_CFLAGS, (),
+                        python_module=True)
+    except Exception as exc:  # a compiler error must not stop a model from loading
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return None, f"build in {where} failed: {first}"
+    return module, f"loaded from {where}"

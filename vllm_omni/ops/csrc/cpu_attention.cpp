@@ -1,0 +1,233 @@
+// C++ kernels for vLLM's two per-layer attention ops on CPU, for the cpu_attention patch
+// (vllm_omni/patches/cpu_attention.py, which says why and what they reproduce).
+//
+// vllm::unified_kv_cache_update(key, value, layer_name) and
+// vllm::unified_attention_with_output(query, key, value, output, layer_name, ...) are Python
+// functions in vLLM; every layer of every decode step calls both, so a 24-layer model runs 48
+// Python calls a step only to find the layer, its cache views and the step's metadata before
+// calling vLLM's kernels (torch.ops._C.cpu_attn_reshape_and_cache and
+// cpu_attention_with_kv_cache). Here those lookups are a hash-map find:
+//
+// - per layer, once (and again if its kv_cache tensor changes), Python registers what does not
+//   change: the K and V views of the cache, the ISA, the scales, the window, ALiBi and sinks;
+// - per forward, on the first op call that sees a new forward context, the kernel calls back
+//   into Python (``sync(ctx) -> bool``), which pushes the step's metadata once per metadata group
+//   and says which layers take the short path;
+// - every call then needs only the GIL for a read of ``vllm.forward_context._forward_context``
+//   (a new context means a new step) and calls vLLM's kernel through the dispatcher.
+//
+// A call the short path does not cover (no context, a layer sync left out, output
+// quantization) goes to vLLM's own Python function, which the patch hands over at install.
+// The library holds the ops' CPU kernels while ``install`` is in effect; ``uninstall`` gives them
+// back to the kernels registered before (vLLM's, or the patch's Python short path).
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+struct Layer {
+  at::Tensor key_cache, value_cache;
+  std::string isa, kv_cache_dtype;
+  double k_scale = 1.0, v_scale = 1.0, scale = 1.0, softcap = 0.0;
+  std::optional<at::Tensor> alibi_slopes, sinks;
+  int64_t sliding_window = -1;
+  int64_t group = -1;  // the current step's metadata group, -1: not on the short path
+};
+
+struct Group {
+  std::optional<at::Tensor> slot_mapping;  // none: the cache update writes nothing
+  bool has_metadata = false;               // false (warm-up): attention computes nothing
+  int64_t num_actual_tokens = 0;
+  at::Tensor query_start_loc, seq_lens, block_table, scheduler_metadata;
+  std::optional<at::Tensor> dynamic_causal;
+  bool causal = true;
+};
+
+struct State {
+  std::unordered_map<std::string, Layer> layers;
+  std::vector<Group> groups;
+  py::object module;  // vllm.forward_context
+  py::object sync, stock_update, stock_attention;
+  // Identity of what the groups were built from; a change means a new step.
+  py::object context, metadata, slots;
+  bool step_ok = false;
+  std::unique_ptr<torch::Library> lib;
+  // vLLM's kernels, called boxed: that needs no knowledge of the C++ types they were
+  // registered with, only of their schemas (checked by the patch's fingerprints).
+  std::optional<c10::OperatorHandle> reshape_and_cache, attention;
+};
+
+State* g_state = nullptr;  // lives from the first install to process exit
+
+// The layer when this call takes the short path, else nullptr. Holds the GIL only for the
+// context check (and, once a step, the sync callback).
+Layer* short_path_layer(c10::string_view name) {
+  State& s = *g_state;
+  py::gil_scoped_acquire gil;
+  py::object ctx = s.module.attr("_forward_context");
+  if (ctx.is_none()) return nullptr;
+  py::object metadata = ctx.attr("attn_metadata");
+  py::object slots = ctx.attr("slot_mapping");
+  if (!ctx.is(s.context) || !metadata.is(s.metadata) || !slots.is(s.slots)) {
+    s.step_ok = false;  // stays so if sync raises: the rest of the step goes to vLLM's code
+    s.context = ctx;
+    s.metadata = metadata;
+    s.slots = slots;
+    s.step_ok = s.sync(ctx).cast<bool>();
+  }
+  if (!s.step_ok) return nullptr;
+  auto it = s.layers.find(std::string(name));
+  return it == s.layers.end() || it->second.group < 0 ? nullptr : &it->second;
+}
+
+at::Tensor unified_kv_cache_update(const at::Tensor& key, const at::Tensor& value,
+                                   c10::string_view layer_name) {
+  Layer* layer = short_path_layer(layer_name);
+  if (layer == nullptr) {
+    py::gil_scoped_acquire gil;
+    return g_state->stock_update(key, value, std::string(layer_name)).cast<at::Tensor>();
+  }
+  const Group& grp = g_state->groups[layer->group];
+  if (grp.slot_mapping) {
+    torch::jit::Stack stack{key, value, layer->key_cache, layer->value_cache,
+                            *grp.slot_mapping, layer->isa, layer->k_scale, layer->v_scale,
+                            layer->kv_cache_dtype};
+    g_state->reshape_and_cache->callBoxed(stack);
+  }
+  return key.new_empty({0});
+}
+
+void unified_attention_with_output(const at::Tensor& query, const at::Tensor& key,
+                                   const at::Tensor& value, const at::Tensor& output,
+                                   c10::string_view layer_name,
+                                   const std::optional<at::Tensor>& output_scale,
+                                   const std::optional<at::Tensor>& output_block_scale,
+                                   const std::optional<at::Tensor>& kv_cache_dummy_dep) {
+  Layer* layer = output_scale || output_block_scale ? nullptr : short_path_layer(layer_name);
+  if (layer == nullptr) {
+    py::gil_scoped_acquire gil;
+    g_state->stock_attention(query, key, value, output, std::string(layer_name), output_scale,
+                             output_block_scale, kv_cache_dummy_dep);
+    return;
+  }
+  const Group& grp = g_state->groups[layer->group];
+  if (!grp.has_metadata) return;  // warm-up
+  const int64_t n = grp.num_actual_tokens;
+  torch::jit::Stack stack{
+      query.size(0) == n ? query : query.narrow(0, 0, n), layer->key_cache, layer->value_cache,
+      output.size(0) == n ? output : output.narrow(0, 0, n), grp.query_start_loc, grp.seq_lens,
+      layer->scale, grp.causal, layer->alibi_slopes, layer->sliding_window, grp.block_table,
+      layer->softcap, grp.scheduler_metadata, layer->sinks, grp.dynamic_causal, layer->k_scale,
+      layer->v_scale, layer->kv_cache_dtype};
+  g_state->attention->callBoxed(stack);
+}
+
+// --------------------------------------------------------------------------- Python side
+
+void install(py::object forward_context_module, py::object sync, py::object stock_update,
+             py::object stock_attention) {
+  if (g_state == nullptr) g_state = new State();
+  State& s = *g_state;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  s.reshape_and_cache = dispatcher.findSchemaOrThrow("_C::cpu_attn_reshape_and_cache", "");
+  s.attention = dispatcher.findSchemaOrThrow("_C::cpu_attention_with_kv_cache", "");
+  s.module = forward_context_module;
+  s.sync = sync;
+  s.stock_update = stock_update;
+  s.stock_attention = stock_attention;
+  s.context = s.metadata = s.slots = py::none();
+  if (!s.lib) {
+    s.lib = std::make_unique<torch::Library>(torch::Library::IMPL, "vllm",
+                                             c10::DispatchKey::CPU, __FILE__, __LINE__);
+    s.lib->impl("unified_kv_cache_update", TORCH_FN(unified_kv_cache_update));
+    s.lib->impl("unified_attention_with_output", TORCH_FN(unified_attention_with_output));
+  }
+}
+
+void uninstall() {
+  if (g_state == nullptr) return;
+  g_state->lib.reset();  // drops this library's kernels; the earlier ones serve again
+  g_state->layers.clear();
+  g_state->groups.clear();
+  g_state->context = g_state->metadata = g_state->slots = py::none();
+}
+
+bool installed() { return g_state != nullptr && g_state->lib != nullptr; }
+
+void set_layer(const std::string& name, at::Tensor key_cache, at::Tensor value_cache,
+               std::string isa, double k_scale, double v_scale, std::string kv_cache_dtype,
+               double scale, std::optional<at::Tensor> alibi_slopes, int64_t sliding_window,
+               double softcap, std::optional<at::Tensor> sinks) {
+  Layer& l = g_state->layers[name];
+  l.key_cache = std::move(key_cache);
+  l.value_cache = std::move(value_cache);
+  l.isa = std::move(isa);
+  l.k_scale = k_scale;
+  l.v_scale = v_scale;
+  l.kv_cache_dtype = std::move(kv_cache_dtype);
+  l.scale = scale;
+  l.alibi_slopes = std::move(alibi_slopes);
+  l.sliding_window = sliding_window;
+  l.softcap = softcap;
+  l.sinks = std::move(sinks);
+}
+
+// A new step: no layer is on the short path until set_group names it.
+void begin_step() {
+  for (auto& kv : g_state->layers) kv.second.group = -1;
+  g_state->groups.clear();
+}
+
+// One metadata group of the step and the layers that use it; returns the group's index.
+int64_t add_group(const std::vector<std::string>& layer_names,
+                  std::optional<at::Tensor> slot_mapping, bool has_metadata,
+                  int64_t num_actual_tokens, std::optional<at::Tensor> query_start_loc,
+                  std::optional<at::Tensor> seq_lens, std::optional<at::Tensor> block_table,
+                  std::optional<at::Tensor> scheduler_metadata, bool causal,
+                  std::optional<at::Tensor> dynamic_causal) {
+  State& s = *g_state;
+  Group grp;
+  grp.slot_mapping = std::move(slot_mapping);
+  grp.has_metadata = has_metadata;
+  if (has_metadata) {
+    TORCH_CHECK(query_start_loc && seq_lens && block_table && scheduler_metadata,
+                "add_group: metadata tensors missing");
+    grp.num_actual_tokens = num_actual_tokens;
+    grp.query_start_loc = *query_start_loc;
+    grp.seq_lens = *seq_lens;
+    grp.block_table = *block_table;
+    grp.scheduler_metadata = *scheduler_metadata;
+    grp.causal = causal;
+    grp.dynamic_causal = std::move(dynamic_causal);
+  }
+  const int64_t index = static_cast<int64_t>(s.groups.size());
+  s.groups.push_back(std::move(grp));
+  for (const auto& name : layer_names) {
+    auto it = s.layers.find(name);
+    TORCH_CHECK(it != s.layers.end(), "add_group: layer ", name, " was never registered");
+    it->second.group = index;
+  }
+  return index;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("install", &install);
+  m.def("uninstall", &uninstall);
+  m.def("installed", &installed);
+  m.def("set_layer", &set_layer);
+  m.def("begin_step", &begin_step);
+  m.def("add_group", &add_group);
+}
