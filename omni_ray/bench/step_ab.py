@@ -90,19 +90,20 @@ def run(args: argparse.Namespace) -> dict:
     from omni_ray.measure.pinning import pin_all_threads
 
     a, b = SWITCHES[args.switch]
+    cpus = sorted(os.sched_getaffinity(0))
+    stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
+                 disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
+    if args.switch == "attention_kernels":
+        stage["env"] = {"VLLM_USE_LAYERNAME": "0"}
+    # before anything imports vLLM (making the int4 checkpoint does): vLLM reads some at import
+    os.environ.update(engine_env({"stage": stage, "cpus": cpus}))
     if args.model:
         model = Path(args.model)
     else:
         from omni_ray.bench.int4_peers import ensure_int4
 
         model = ensure_int4(args.shape, envs.cache_dir() / "bench" / "int4_peers")[1]
-    cpus = sorted(os.sched_getaffinity(0))
-    stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
-                 disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
-    if args.switch == "attention_kernels":
-        stage["env"] = {"VLLM_USE_LAYERNAME": "0"}
     req = {"model_path": str(model), "stage": stage, "cpus": cpus}
-    os.environ.update(engine_env(req))
     pin_all_threads(cpus)
     import vllm_omni
     from vllm import LLM, SamplingParams
