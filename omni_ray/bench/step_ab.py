@@ -17,7 +17,7 @@ Switches, each flipped at run time without restarting the engine:
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
 - ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
-  the engine gets layer names as strings (``VLLM_USE_LAYERNAME=0``), which the C++ ones need.
+  the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
   ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
 
@@ -93,8 +93,6 @@ def run(args: argparse.Namespace) -> dict:
     cpus = sorted(os.sched_getaffinity(0))
     stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
                  disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
-    if args.switch == "attention_kernels":
-        stage["env"] = {"VLLM_USE_LAYERNAME": "0"}
     # before anything imports vLLM (making the int4 checkpoint does): vLLM reads some at import
     os.environ.update(engine_env({"stage": stage, "cpus": cpus}))
     if args.model:

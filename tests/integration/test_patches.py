@@ -96,8 +96,8 @@ def test_cpu_attention_short_path_computes_what_vllm_does(run_arm, tiny_model):
     """Decode attention through vllm_omni's short path and through vLLM's own: the same
     greedy tokens, and only the patched engine says it took the short path."""
     wl = {"prompt_len": 24, "output_len": 48, "batch": 2, "warmup": 0, "repeats": 1}
-    on = run_arm(tiny_model, workload=wl)
-    native = run_arm(tiny_model, workload=wl, stage={"env": {"VLLM_USE_LAYERNAME": "0"}})
+    native = run_arm(tiny_model, workload=wl)  # omni-ray passes layer names as str
+    on = run_arm(tiny_model, workload=wl, stage={"env": {"VLLM_USE_LAYERNAME": "1"}})
     off = run_arm(tiny_model, workload=wl, stage={"disable_patches": ["cpu_attention"]})
     assert on["patch_report"]["cpu_attention"]["applied"] is True
     assert off["patch_report"]["cpu_attention"]["reason"] == (

@@ -58,7 +58,9 @@ def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_onl
     assert engine_kwargs(bare_mode)["compilation_config"] == {
         "mode": 3, "inductor_compile_config": {"cpp_wrapper": True}}
     eager = dict(compiled, stage=dict(compiled["stage"], enforce_eager=True))
-    assert "VLLM_USE_LAYERNAME" not in engine_env(eager)
+    assert engine_env(eager)["VLLM_USE_LAYERNAME"] == "0"  # the default, for the C++ attention
+    vllm_names = dict(eager, stage=dict(eager["stage"], env={"VLLM_USE_LAYERNAME": "1"}))
+    assert engine_env(vllm_names)["VLLM_USE_LAYERNAME"] == "1"
     assert "cpp_wrapper" not in engine_kwargs(eager)["compilation_config"].get(
         "inductor_compile_config", {})
     off = dict(compiled, stage=dict(compiled["stage"], cpp_wrapper=False))
