@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import statistics
-import time
 
 RANGES = {
     "attention": ("vllm.model_executor.layers.attention.attention", "Attention"),
@@ -119,19 +118,16 @@ def _inside_model_not_head(event) -> bool:
 def _generate(llm, prompt, n: int) -> float:
     from vllm import SamplingParams
 
-    from omni_ray.engine.runner import GREEDY
+    from omni_ray.engine.runner import GREEDY, timed_generate
 
-    params = SamplingParams(max_tokens=n, **GREEDY)
-    t0 = time.perf_counter()
-    llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    return time.perf_counter() - t0
+    return timed_generate(llm, [prompt], SamplingParams(max_tokens=n, **GREEDY))[0]
 
 
 def run(req: dict) -> dict:
     from omni_ray.measure.pinning import bind_memory, pin_all_threads
     from omni_ray.models.build import resolve_model
     from omni_ray.engine.runner import engine_kwargs
-    from omni_ray.workload.prompts import token_prompts
+    from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
 
     req = dict(req, model_path=str(resolve_model(req["model"])))
     if req.get("cpus"):
@@ -157,8 +153,8 @@ def run(req: dict) -> dict:
     _generate(llm, prompt(), n)  # warm-up
     t1 = [_generate(llm, prompt(), 1) for _ in range(repeats)]
     tn = [_generate(llm, prompt(), n) for _ in range(repeats)]
-    wall_step_ms = (statistics.median(tn) - statistics.median(t1)) / (n - 1) * 1e3
-    wall_step_min_ms = (min(tn) - min(t1)) / (n - 1) * 1e3
+    wall_step_ms = decode_seconds_per_token(statistics.median(t1), statistics.median(tn), n) * 1e3
+    wall_step_min_ms = decode_seconds_per_token(min(t1), min(tn), n) * 1e3
 
     from torch.profiler import ProfilerActivity, profile
 

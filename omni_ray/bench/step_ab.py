@@ -31,7 +31,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from omni_ray import envs
@@ -86,7 +85,7 @@ def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from omni_ray.engine.runner import GREEDY, engine_env, engine_kwargs
+    from omni_ray.engine.runner import GREEDY, engine_env, engine_kwargs, timed_generate
     from omni_ray.measure.pinning import pin_all_threads
 
     a, b = SWITCHES[args.switch]
@@ -106,25 +105,23 @@ def run(args: argparse.Namespace) -> dict:
     import vllm_omni
     from vllm import LLM, SamplingParams
 
-    from omni_ray.workload.prompts import token_prompts
+    from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
 
     vllm_omni.register()
     llm = LLM(**engine_kwargs(req))
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
-    prompt = [{"prompt_token_ids": token_prompts(1, PROMPT_LEN, vocab, seed=1)[0]}]
+    prompt = token_prompts(1, PROMPT_LEN, vocab, seed=1)
 
     sampling = dict(GREEDY)
 
     def timed(n: int) -> tuple[float, list[int]]:
-        params = SamplingParams(max_tokens=n, **sampling)
-        t0 = time.perf_counter()
-        out = llm.generate(prompt, params, use_tqdm=False)
-        return time.perf_counter() - t0, list(out[0].outputs[0].token_ids)
+        t, out = timed_generate(llm, prompt, SamplingParams(max_tokens=n, **sampling))
+        return t, list(out[0].outputs[0].token_ids)
 
     def step_ms() -> tuple[float, list[int]]:
         t1, _ = timed(1)
         tn, ids = timed(OUTPUT_LEN + 1)
-        return (tn - t1) / OUTPUT_LEN * 1e3, ids
+        return decode_seconds_per_token(t1, tn, OUTPUT_LEN + 1) * 1e3, ids
 
     flip = flipper(args.switch, sampling)
     ms: dict[str, list[float]] = {a: [], b: []}

@@ -91,7 +91,9 @@ def engine_kwargs(req: dict) -> dict:
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
-def _timed_generate(llm, prompts, params) -> tuple[float, list]:
+def timed_generate(llm, prompts: list[list[int]], params) -> tuple[float, list]:
+    """Seconds for ``llm.generate`` of these token-id prompts, and its outputs: the one timing
+    the runner and the benchmarks that run an engine in-process (step_ab, decode_profile) use."""
     with Stopwatch() as sw:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return sw.elapsed, outs
@@ -110,18 +112,18 @@ def run_workload(llm, wl: dict, vocab_size: int, sampler: TreeSampler, seed: int
         return token_prompts(batch, length, vocab_size, seed=seed * 1_000_003 + next(calls))
 
     for _ in range(wl.get("warmup", 1)):
-        _timed_generate(llm, prompts(), many)
+        timed_generate(llm, prompts(), many)
     out: dict = {}
     if wl.get("context_len"):
-        _timed_generate(llm, prompts(wl["context_len"]), one)
+        timed_generate(llm, prompts(wl["context_len"]), one)
         time.sleep(0.1)
         sampler.mark("context")
         out["rss_anon_at_context_mb"] = sampler.settled_anon_mb()
     t_one, t_n, first_tokens = [], [], None
     for _ in range(wl.get("repeats", 3)):
-        t, _ = _timed_generate(llm, prompts(), one)
+        t, _ = timed_generate(llm, prompts(), one)
         t_one.append(t)
-        t, outs = _timed_generate(llm, prompts(), many)
+        t, outs = timed_generate(llm, prompts(), many)
         t_n.append(t)
         first_tokens = first_tokens or list(outs[0].outputs[0].token_ids)
     m1, mn = statistics.median(t_one), statistics.median(t_n)
