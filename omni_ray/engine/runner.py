@@ -22,6 +22,7 @@ from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
 from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
 
+
 def _cpp_wrapper(stage: dict) -> bool:
     """Whether inductor's C++ wrapper drives this stage's graph (nothing is compiled when eager).
 
@@ -29,7 +30,8 @@ def _cpp_wrapper(stage: dict) -> bool:
     (vLLM 0.32 compiles a CPU model's whole forward as one graph). It needs layer names passed
     as plain strings: on torch >= 2.11 vLLM passes its opaque ``LayerName`` type, a Python
     object the generated C++ cannot hold, unless ``VLLM_USE_LAYERNAME=0``
-    (vllm/utils/torch_utils.py). It costs a longer cold compile (the wrapper is C++ too).
+    (vllm/utils/torch_utils.py). It costs a longer cold compile (the wrapper is C++ too), and
+    alone it measured no faster (results/cpp_wrapper_ab/20261203T130248Z).
     """
     return bool(stage.get("cpp_wrapper")) and not stage.get("enforce_eager", True)
 
