@@ -95,6 +95,12 @@ def _build(where: Path, name: str, source: Path, cflags: tuple[str, ...],
                                   is_python_module=python_module, verbose=False)
 
 
+def _build_failed(where: Path, exc: Exception) -> str:
+    """The reason a build failed: where, and the first line of the compiler's error."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"build in {where} failed: {first}"
+
+
 def _build_and_load(where: Path) -> str:
     _build(where, NAME, SOURCE, CFLAGS, LDFLAGS, python_module=False)
     return str(where / f"{NAME}.so")
@@ -110,10 +116,9 @@ def load() -> Status:
     try:
         path = _build_and_load(where)
     except Exception as exc:  # a compiler error must not stop a model from loading
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        logger.warning("vllm_omni: native int4 kernels unavailable, using torch's (build in %s "
-                       "failed: %s)", where, first)
-        return Status(False, f"build in {where} failed: {first}")
+        reason = _build_failed(where, exc)
+        logger.warning("vllm_omni: native int4 kernels unavailable, using torch's (%s)", reason)
+        return Status(False, reason)
     return Status(True, f"loaded {path} ({gemv_variant()} GEMV)", path)
 
 
@@ -145,6 +150,5 @@ def attention_kernels():
         module = _build(where, ATTENTION_NAME, ATTENTION_SOURCE, ATTENTION_CFLAGS, (),
                         python_module=True)
     except Exception as exc:  # a compiler error must not stop a model from loading
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return None, f"build in {where} failed: {first}"
+        return None, _build_failed(where, exc)
     return module, f"loaded from {where}"
