@@ -23,12 +23,14 @@ from omni_ray.results.store import write_json_atomic
 TAIL_LINES = 40
 
 # What the engine log says that the result needs: compile cache hits and misses, the KV size
-# vLLM allocated, the allocator memory vllm_omni returned after load, and whether decode
-# attention took vllm_omni's short path (once per engine process).
+# vLLM allocated, the inductor settings kept over the CPU platform's, the allocator memory
+# vllm_omni returned after load, and whether decode attention took vllm_omni's short path (once
+# per engine process).
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
     "kv_explicit_kept": re.compile(r"vllm_omni: keeping explicit kv_cache_memory_bytes"),
+    "inductor_config_kept": re.compile(r"vllm_omni: keeping inductor_compile_config"),
     "cpu_attention_short_path": re.compile(r"vllm_omni: cpu_attention short path in use"),
     "cpu_attention_native": re.compile(r"vllm_omni: cpu_attention short path in use \(C\+\+"),
 }

@@ -59,10 +59,11 @@ def test_cpu_attention_can_be_removed_and_applied_again():
     patches.apply_all()
     try:
         cpu_attention.remove()
-        assert cpu_attention._LIB is None and not is_marked(cpu_attention.find_target())
+        target = cpu_attention.find_target()
+        assert cpu_attention._LIB is None and not is_marked(target, cpu_attention.NAME)
         status = {s.name: s for s in patches.apply_all()}["cpu_attention"]
         assert status.applied and cpu_attention._LIB is not None
-        assert is_marked(cpu_attention.find_target())
+        assert is_marked(cpu_attention.find_target(), cpu_attention.NAME)
     finally:
         patches.apply_all()
 
@@ -74,3 +75,26 @@ def test_cpu_attention_refuses_when_a_replicated_function_is_gone(monkeypatch):
     monkeypatch.setitem(cpu_attention.REPLICATED, gone, "0" * 16)
     with pytest.raises(LookupError, match=f"cannot read {gone}"):
         cpu_attention.find_target()
+
+
+def test_inductor_settings_passed_survive_what_stock_vllm_overwrites(monkeypatch, tiny_model):
+    """vLLM's CPU platform replaces cpp.dynamic_threads in inductor_compile_config; with the
+    inductor_config patch the value passed stays, and with vLLM's own function it does not."""
+    import inspect
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms.cpu import CpuPlatform
+
+    patches.apply_all()
+
+    def dynamic_threads() -> object:
+        args = EngineArgs(model=str(tiny_model), enforce_eager=False, max_model_len=256,
+                          kv_cache_memory_bytes=64 << 20, compilation_config={
+                              "inductor_compile_config": {"cpp.dynamic_threads": False}})
+        return args.create_engine_config().compilation_config.inductor_compile_config[
+            "cpp.dynamic_threads"]
+
+    assert dynamic_threads() is False
+    stock = inspect.unwrap(CpuPlatform.check_and_update_config.__func__)
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(stock))
+    assert dynamic_threads() is True

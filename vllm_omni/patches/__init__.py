@@ -2,8 +2,9 @@
 
 Each patch module defines ``NAME``, ``TARGET`` (what it wraps, for reports), ``find_target()``
 (raises ``LookupError`` naming what is missing) and ``apply(target)``. The wrapper it installs
-carries ``MARKER`` so applying twice (vLLM loads plugins in every process, sometimes more than
-once) is a no-op. A patch whose target is gone logs a warning and reports why: a stale patch
+carries the patch's name under ``MARKER`` so applying twice (vLLM loads plugins in every process,
+sometimes more than once) is a no-op; two patches may wrap the same target, each marks its own
+name (``functools.wraps`` carries the inner wrapper's names to the outer one). A patch whose target is gone logs a warning and reports why: a stale patch
 must show up as a missing optimisation in ``patch_report()``, not as a crash or silence.
 """
 
@@ -13,12 +14,13 @@ import dataclasses
 import logging
 
 from vllm_omni import envs
-from vllm_omni.patches import aot_cache, cpu_attention, kv_budget, release_memory
+from vllm_omni.patches import (aot_cache, cpu_attention, inductor_config, kv_budget,
+                                release_memory)
 
 logger = logging.getLogger("vllm.omni")
 
 MARKER = "__vllm_omni_patch__"
-PATCHES = (aot_cache, kv_budget, release_memory, cpu_attention)
+PATCHES = (aot_cache, kv_budget, inductor_config, release_memory, cpu_attention)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +34,17 @@ class PatchStatus:
 _status: dict[str, PatchStatus] = {}
 
 
-def is_marked(fn: object) -> bool:
-    return getattr(fn, MARKER, False) is True
+def is_marked(fn: object, name: str) -> bool:
+    return name in getattr(fn, MARKER, ())
 
 
-def mark(fn):
-    setattr(fn, MARKER, True)
+def mark(fn, name: str):
+    setattr(fn, MARKER, frozenset(getattr(fn, MARKER, ())) | {name})
     return fn
+
+
+def unmark(fn, name: str) -> None:
+    setattr(fn, MARKER, frozenset(getattr(fn, MARKER, ())) - {name})
 
 
 def _on_cpu() -> bool:
@@ -62,7 +68,7 @@ def _apply_one(patch) -> PatchStatus:
         logger.warning("vllm_omni: patch %s NOT applied, target %s missing: %s",
                        patch.NAME, patch.TARGET, exc)
         return status(False, f"target missing: {exc}")
-    if is_marked(target):
+    if is_marked(target, patch.NAME):
         return status(True, "applied")
     patch.apply(target)
     logger.debug("vllm_omni: patch %s applied to %s", patch.NAME, patch.TARGET)

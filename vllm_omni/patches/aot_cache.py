@@ -53,4 +53,4 @@ def apply(original) -> None:
             compiled.finalize_loading = _noop_finalize_loading
         return loaded
 
-    torch.compiler.load_compiled_function = mark(load_compiled_function)
+    torch.compiler.load_compiled_function = mark(load_compiled_function, NAME)

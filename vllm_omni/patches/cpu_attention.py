@@ -225,7 +225,7 @@ def apply(original, native: bool | None = None) -> None:
     if kernels is not None:
         _install_native(kernels, vllm_attention.unified_kv_cache_update, original)
         _NATIVE = kernels
-        mark(original)
+        mark(original, NAME)
         return
     reshape_and_cache = torch.ops._C.cpu_attn_reshape_and_cache.default
     attention = torch.ops._C.cpu_attention_with_kv_cache.default
@@ -294,14 +294,14 @@ def apply(original, native: bool | None = None) -> None:
     lib.impl("unified_kv_cache_update", unified_kv_cache_update, "CPU")
     lib.impl("unified_attention_with_output", unified_attention_with_output, "CPU")
     _LIB = lib
-    mark(original)
+    mark(original, NAME)
 
 
 def remove() -> None:
     """Give both ops back to vLLM's own kernels (``omni_ray.bench.step_ab`` flips the patch
     within one process); ``apply`` installs it again."""
     global _LIB, _NATIVE
-    from vllm_omni.patches import MARKER
+    from vllm_omni.patches import unmark
 
     if _NATIVE is not None:
         _NATIVE.uninstall()
@@ -309,4 +309,4 @@ def remove() -> None:
     if _LIB is not None:
         _LIB._destroy()  # torch.library: drops this library's registrations, vLLM's kernels remain
         _LIB = None
-    setattr(find_target(), MARKER, False)
+    unmark(find_target(), NAME)

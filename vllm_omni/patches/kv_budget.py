@@ -60,4 +60,4 @@ def apply(original) -> None:
                 os.environ.get(envs.VLLM_CPU_KVCACHE_SPACE))
             cache_config.kv_cache_memory_bytes = explicit
 
-    CpuPlatform.check_and_update_config = classmethod(mark(check_and_update_config))
+    CpuPlatform.check_and_update_config = classmethod(mark(check_and_update_config, NAME))

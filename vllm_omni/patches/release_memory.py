@@ -85,4 +85,4 @@ def apply(worker_cls) -> None:
             return result
 
         setattr(worker_cls, method, functools.wraps(original)(wrapper))
-    mark(worker_cls)
+    mark(worker_cls, NAME)
