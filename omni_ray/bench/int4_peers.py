@@ -144,12 +144,15 @@ def gguf_tensor_types(path: Path) -> dict[str, dict[str, int]]:
 
 
 def arm_table(art: dict, stage_env: dict[str, str] | None = None,
-              cpp_wrapper: bool = False) -> list[dict]:
+              cpp_wrapper: bool = False, serial_kernels: bool = False) -> list[dict]:
     """The arms of one pass; ``stage_env`` goes to every vLLM arm's engine (``--stage-env``),
-    ``cpp_wrapper`` to every compiled one (``--cpp-wrapper``; eager arms compile nothing)."""
+    ``cpp_wrapper`` and ``serial_kernels`` to every compiled one (``--cpp-wrapper``,
+    ``--serial-kernels``; eager arms compile nothing)."""
     stage = dict(STAGE, env=dict(stage_env)) if stage_env else STAGE
     if cpp_wrapper:
         stage = dict(stage, cpp_wrapper=True)
+    if serial_kernels:
+        stage = dict(stage, serial_kernels=True)
     arms = []
     for weights in ("bf16", "int4"):
         for mode in ("eager", "compiled"):
@@ -390,7 +393,7 @@ def run(args: argparse.Namespace) -> Path:
     bandwidth = [measure_bandwidth(cpus, run_dir / "bandwidth-1.log")]
     _log(f"bandwidth: {bandwidth[0].get('ceiling_gb_s')} GB/s")
 
-    arms = arm_table(art, args.stage_env, args.cpp_wrapper)
+    arms = arm_table(art, args.stage_env, args.cpp_wrapper, args.serial_kernels)
     records: list[dict] = []
     pass_walls = []
     for pass_no in range(1, args.passes + 1):
@@ -448,7 +451,8 @@ def run(args: argparse.Namespace) -> Path:
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
         "settings": {"stage": STAGE, "stage_env": args.stage_env,
-                     "cpp_wrapper": args.cpp_wrapper, "workload": WORKLOAD,
+                     "cpp_wrapper": args.cpp_wrapper, "serial_kernels": args.serial_kernels,
+                     "workload": WORKLOAD,
                      "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "repetitions": 3}},
@@ -650,6 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpp-wrapper", action="store_true",
                    help="compiled vLLM arms (bf16 and int4 alike) use inductor's C++ wrapper "
                         "(stage.cpp_wrapper)")
+    p.add_argument("--serial-kernels", action="store_true",
+                   help="compiled vLLM arms run inductor's kernels without OpenMP regions "
+                        "(stage.serial_kernels)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--readme-from", type=Path, default=None, metavar="RESULT.json",
                    help="only rewrite README.md beside RESULT.json from it (no benchmark)")

@@ -267,6 +267,12 @@ _ENGINE_ARGS_OWNED = {
     "dtype": "stage.dtype",
     "max_num_seqs": "stage.max_num_seqs",
 }
+# engine_args.compilation_config.inductor_compile_config keys a typed stage field sets
+_INDUCTOR_OWNED = {
+    "cpp_wrapper": "stage.cpp_wrapper",
+    "cpp.threads": "stage.serial_kernels",
+    "cpp.dynamic_threads": "stage.serial_kernels",
+}
 
 
 def _json_value(value: object, where: Where) -> object:
@@ -296,9 +302,10 @@ def engine_args(value: object, where: Where) -> FrozenDict:
                 f"duplicates a typed field; set {_ENGINE_ARGS_OWNED[key]} instead")
     inductor = (value.get("compilation_config") or {})
     inductor = inductor.get("inductor_compile_config") if isinstance(inductor, Mapping) else None
-    if isinstance(inductor, Mapping) and "cpp_wrapper" in inductor:
-        raise (where / "compilation_config" / "inductor_compile_config" / "cpp_wrapper").error(
-            "duplicates a typed field; set stage.cpp_wrapper instead", inductor["cpp_wrapper"])
+    for key in inductor if isinstance(inductor, Mapping) else ():
+        if key in _INDUCTOR_OWNED:
+            raise (where / "compilation_config" / "inductor_compile_config" / key).error(
+                f"duplicates a typed field; set {_INDUCTOR_OWNED[key]} instead", inductor[key])
     return _json_value(value, where)  # type: ignore[return-value]
 
 

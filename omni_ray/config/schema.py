@@ -28,6 +28,7 @@ STAGE_FIELDS: dict[str, f.Check] = {
     "disable_patches": f.patch_names,
     "warm_start": f.boolean,
     "cpp_wrapper": f.boolean,
+    "serial_kernels": f.boolean,
     "engine_args": f.engine_args,
 }
 STAGE_REQUIRED = ("model", "kv_cache_mib")
@@ -93,6 +94,7 @@ class StageConfig(_Config):
     disable_patches: tuple[str, ...] = ()  # vllm_omni patches to switch off (ablation)
     warm_start: bool = False        # start once before measuring, so the compile cache is warm
     cpp_wrapper: bool = False       # compiled stages: inductor's C++ wrapper drives the graph
+    serial_kernels: bool = False    # compiled stages: inductor's kernels open no OpenMP region
     engine_args: dict[str, Any] = dataclasses.field(default_factory=FrozenDict)  # to vllm.LLM
 
     def __post_init__(self) -> None:
@@ -268,6 +270,10 @@ def check_stage(stage: StageConfig, where: Where, which: str = "") -> None:
     if stage.cpp_wrapper and names != "0":
         raise where.error("cpp_wrapper needs plain layer names; env.VLLM_USE_LAYERNAME must be "
                           f"0 or unset{which}", names)
+    if stage.serial_kernels and "inductor_config" in stage.disable_patches:
+        raise where.error("serial_kernels needs the inductor_config patch (stock vLLM on CPU "
+                          f"overwrites cpp.dynamic_threads); keep it out of disable_patches{which}",
+                          list(stage.disable_patches))
 
 
 def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:

@@ -36,6 +36,24 @@ def _cpp_wrapper(stage: dict) -> bool:
     return bool(stage.get("cpp_wrapper")) and not stage.get("enforce_eager", True)
 
 
+# stage.serial_kernels: inductor's generated kernels (norms, RoPE, SiLU, residual adds) run on
+# the calling thread. vLLM on CPU compiles them with cpp.dynamic_threads, which opens an OpenMP
+# region in every kernel even for one decode token; on two cores the region costs more than the
+# kernel's work. The int4 GEMMs, attention and bf16 GEMMs are not inductor's and stay parallel.
+# Stock vLLM overwrites cpp.dynamic_threads; vllm_omni's inductor_config patch keeps this value.
+SERIAL_KERNELS = {"cpp.dynamic_threads": False, "cpp.threads": 1}
+
+
+def _inductor_settings(stage: dict) -> dict:
+    """The inductor_compile_config keys the stage's typed fields set (none when eager)."""
+    if stage.get("enforce_eager", True):
+        return {}
+    out = {"cpp_wrapper": True} if _cpp_wrapper(stage) else {}
+    if stage.get("serial_kernels"):
+        out.update(SERIAL_KERNELS)
+    return out
+
+
 def engine_env(req: dict) -> dict[str, str]:
     """The variables the engine process needs, decided before vLLM is imported."""
     stage = req["stage"]
@@ -78,13 +96,14 @@ def engine_kwargs(req: dict) -> dict:
     if stage.get("quantization"):
         kwargs["quantization"] = stage["quantization"]
     kwargs.update(stage.get("engine_args") or {})
-    if _cpp_wrapper(stage):
+    inductor = _inductor_settings(stage)
+    if inductor:
         compilation = kwargs.get("compilation_config") or {}
         if isinstance(compilation, int):  # vllm.LLM takes a bare compilation mode too
             compilation = {"mode": compilation}
         compilation = dict(compilation)
         compilation["inductor_compile_config"] = dict(
-            compilation.get("inductor_compile_config") or {}, cpp_wrapper=True)
+            compilation.get("inductor_compile_config") or {}, **inductor)
         kwargs["compilation_config"] = compilation
     return kwargs
 

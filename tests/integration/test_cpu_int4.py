@@ -45,8 +45,10 @@ def _engine_main(spec_path: str, out_path: str) -> None:
             logits[i, tok] = lp.logprob
     from vllm_omni.patches import cpu_attention
 
+    inductor = llm.llm_engine.vllm_config.compilation_config.inductor_compile_config
     torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits,
-                "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python"},
+                "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python",
+                "dynamic_threads": inductor.get("cpp.dynamic_threads")},
                out_path)
 
 
@@ -180,15 +182,34 @@ def test_compiled_equals_eager(int4, compiled):
     assert m["argmax_agree"] >= 0.9
 
 
-def test_cpp_wrapper_computes_what_the_python_wrapper_does(work, compiled):
-    """Inductor's C++ wrapper (omni-ray's stage.cpp_wrapper) drives the same generated kernels,
-    and with layer names as strings the attention ops run the cpu_attention patch's C++
-    kernels: the same logits, bit for bit, and the same tokens."""
+def _model_kernels(cache_root: Path) -> dict[Path, str]:
+    """Inductor's generated sources of the model's graph under a VLLM_CACHE_ROOT: those whose
+    fused kernels are named after the int4 linears they sit between. (vLLM compiles a logprobs
+    helper of its sampler on its own, with torch's defaults; it is not the model.)"""
+    files = [p for p in cache_root.rglob("*") if p.suffix in (".cpp", ".py") and p.is_file()]
+    return {p: text for p in files
+            if "cpp_fused" in (text := p.read_text(errors="replace")) and "cpu_int4" in text}
+
+
+def test_cpp_wrapper_and_serial_kernels_compute_what_the_default_graph_does(work, compiled):
+    """Inductor's C++ wrapper (omni-ray's stage.cpp_wrapper) with kernels that open no OpenMP
+    region (stage.serial_kernels, kept by the inductor_config patch), and with layer names as
+    strings the attention ops run the cpu_attention patch's C++ kernels: the same logits, bit
+    for bit, and the same tokens as the default graph with the Python kernels."""
+    from omni_ray.engine.runner import SERIAL_KERNELS
+
     tmp, _, dst = work
     cpp = _run(tmp, "int4-cpp-wrapper", dst, eager=False, timeout=600,
-               compilation_config={"inductor_compile_config": {"cpp_wrapper": True}},
+               compilation_config={"inductor_compile_config": {"cpp_wrapper": True,
+                                                               **SERIAL_KERNELS}},
                env_extra={"VLLM_USE_LAYERNAME": "0"})
     assert (cpp["attention_kernels"], compiled["attention_kernels"]) == ("cpp", "python")
+    assert (cpp["dynamic_threads"], compiled["dynamic_threads"]) == (False, True)
+    serial = _model_kernels(tmp / "vllm-cache-int4-cpp-wrapper")
+    default = _model_kernels(tmp / "vllm-cache-int4-compiled")
+    assert serial and default
+    assert not any("#pragma omp parallel" in text for text in serial.values()), list(serial)
+    assert any("#pragma omp parallel" in text for text in default.values())
     assert cpp["tokens"] == compiled["tokens"]
     assert (cpp["logits"] - compiled["logits"]).abs().max().item() == 0.0
 

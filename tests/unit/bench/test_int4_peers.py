@@ -142,3 +142,15 @@ def test_cpp_wrapper_reaches_every_vllm_arm_and_the_runner_applies_it_to_compile
         "inductor_compile_config", {}) for a in vllm}
     assert applied == {a["id"]: a["mode"] == "compiled" for a in vllm}
     assert int4_peers.build_parser().parse_args(["--cpp-wrapper"]).cpp_wrapper is True
+
+
+def test_serial_kernels_reach_every_compiled_vllm_arm():
+    from omni_ray.engine.runner import engine_kwargs
+
+    art = {"model": "m", "int4": "q", "gguf": {"bf16": {"path": "a"}, "Q4_0": {"path": "b"}}}
+    vllm = [a for a in int4_peers.arm_table(art, serial_kernels=True) if a["engine"] == "vllm"]
+    applied = {a["id"]: engine_kwargs({"model_path": "m", "stage": a["stage"]}).get(
+        "compilation_config", {}).get("inductor_compile_config", {}).get("cpp.threads")
+        for a in vllm}
+    assert applied == {a["id"]: 1 if a["mode"] == "compiled" else None for a in vllm}
+    assert int4_peers.build_parser().parse_args(["--serial-kernels"]).serial_kernels is True

@@ -53,6 +53,14 @@ def test_other_defaults() -> None:
      r"unset, got '1'$"),
     ({"model": "tiny", "kv_cache_mib": 1, "cpp_wrapper": "yes"},
      r"^<dict>: cpp_wrapper: must be"),
+    ({"model": "tiny", "kv_cache_mib": 1, "engine_args": {
+        "compilation_config": {"inductor_compile_config": {"dce": True, "cpp.threads": 1}}}},
+     r"^<dict>: engine_args\.compilation_config\.inductor_compile_config\.cpp\.threads: "
+     r"duplicates a typed field; set stage\.serial_kernels instead, got 1$"),
+    ({"model": "tiny", "kv_cache_mib": 1, "serial_kernels": True,
+      "disable_patches": ["inductor_config"]},
+     r"^<dict>: serial_kernels needs the inductor_config patch \(stock vLLM on CPU overwrites "
+     r"cpp\.dynamic_threads\); keep it out of disable_patches, got \['inductor_config'\]$"),
 ])
 def test_stage_from_dict_errors(d: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

@@ -67,6 +67,19 @@ def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_onl
     assert engine_kwargs(off)["compilation_config"]["inductor_compile_config"] == {"dce": False}
 
 
+def test_serial_kernels_turn_off_inductor_threads_for_compiled_stages_only():
+    stage = {"kv_cache_mib": 64, "enforce_eager": False, "serial_kernels": True,
+             "engine_args": {"compilation_config": {"inductor_compile_config": {"dce": False}}}}
+    kw = engine_kwargs({"model_path": "/m", "stage": stage})
+    assert kw["compilation_config"]["inductor_compile_config"] == {
+        "dce": False, "cpp.dynamic_threads": False, "cpp.threads": 1}
+    both = engine_kwargs({"model_path": "/m", "stage": dict(stage, cpp_wrapper=True)})
+    assert both["compilation_config"]["inductor_compile_config"] == {
+        "dce": False, "cpp_wrapper": True, "cpp.dynamic_threads": False, "cpp.threads": 1}
+    eager = engine_kwargs({"model_path": "/m", "stage": dict(stage, enforce_eager=True)})
+    assert eager["compilation_config"]["inductor_compile_config"] == {"dce": False}
+
+
 def _fake_engine(monkeypatch, code: str):
     import sys
 
