@@ -18,19 +18,12 @@ from __future__ import annotations
 
 import logging
 
+from vllm_omni.patches.kv_budget import TARGET, find_target  # the same classmethod, wrapped twice
+
 NAME = "inductor_config"
-TARGET = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
+__all__ = ["NAME", "TARGET", "apply", "find_target"]
 
 logger = logging.getLogger("vllm.omni")
-
-
-def find_target():
-    from vllm.platforms.cpu import CpuPlatform
-
-    attr = CpuPlatform.__dict__.get("check_and_update_config")
-    if not isinstance(attr, classmethod):
-        raise LookupError("CpuPlatform.check_and_update_config is not a classmethod here")
-    return attr.__func__
 
 
 def apply(original) -> None:
