@@ -4,8 +4,9 @@ Each patch module defines ``NAME``, ``TARGET`` (what it wraps, for reports), ``f
 (raises ``LookupError`` naming what is missing) and ``apply(target)``. The wrapper it installs
 carries the patch's name under ``MARKER`` so applying twice (vLLM loads plugins in every process,
 sometimes more than once) is a no-op; two patches may wrap the same target, each marks its own
-name (``functools.wraps`` carries the inner wrapper's names to the outer one). A patch whose target is gone logs a warning and reports why: a stale patch
-must show up as a missing optimisation in ``patch_report()``, not as a crash or silence.
+name (``functools.wraps`` carries the inner wrapper's names to the outer one). A patch whose
+target is gone logs a warning and reports why: a stale patch must show up as a missing
+optimisation in ``patch_report()``, not as a crash or silence.
 """
 
 from __future__ import annotations
