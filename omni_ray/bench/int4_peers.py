@@ -11,7 +11,10 @@ One run, on the same cores (default 0,1), batch 1:
   difference (output 64), prefill tok/s from the time to first token, settled RssAnon and the
   peak during load.
 - llama.cpp ``llama-bench`` on GGUFs converted from the same weights: bf16 and Q4_0, -t 2,
-  pp128, pp512, tg64.
+  pp128 and pp512 (from an empty cache, like the vLLM arms' prefill), and tg64 at depths 128 and
+  512 (``-d``: that many tokens in the KV cache first, as the vLLM arms decode after their
+  prompt), which are the figures compared. tg64 at depth 0, llama-bench's default and this
+  benchmark's peer figure before, is kept beside them.
 
 The arms (vLLM and llama.cpp alike) run in passes; pass p starts at arm p mod n, so no arm is
 always first. Then: memory read bandwidth on the same cores, weight bytes per decode token, the
@@ -57,6 +60,8 @@ STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
 # decode step is measured by ``step_ab --switch detokenize``.
 WORKLOAD = {"output_len": OUTPUT_LEN, "batch": 1, "warmup": 1, "repeats": 3, "detokenize": False}
 LLAMA_TYPES = ("bf16", "Q4_0")
+# llama-bench's decode runs after this many tokens: 0 (its default) and each vLLM prompt length.
+LLAMA_DEPTHS = (0, *PROMPT_LENS)
 TARGETS = {"int4_vs_vllm_bf16_decode": 2.5, "int4_vs_llamacpp_q4_0_decode": 1.0}
 
 
@@ -188,16 +193,25 @@ def run_vllm_arm(arm: dict, cpus: list[int], node: int | None, work: Path, name:
 
 
 def run_llama_arm(arm: dict, cpus: list[int], timeout_s: float) -> dict:
+    """Prefill tests from an empty cache, then decode tests at each of ``LLAMA_DEPTHS``."""
+    common = {"threads": len(cpus), "repetitions": 3, "cpus": cpus, "timeout": timeout_s}
     try:
-        records = llamacpp.bench(arm["gguf"], threads=len(cpus), n_prompt=PROMPT_LENS,
-                                 n_gen=OUTPUT_LEN, repetitions=3, cpus=cpus, timeout=timeout_s)
+        records = (llamacpp.bench(arm["gguf"], n_prompt=PROMPT_LENS, n_gen=0, **common)
+                   + llamacpp.bench(arm["gguf"], n_prompt=(0,), n_gen=OUTPUT_LEN,
+                                    n_depth=LLAMA_DEPTHS, **common))
     except UserError as exc:
         return {"status": "failed", "error": str(exc)}
-    m = {}
-    for r in records:
-        key = f"pp{r['n_prompt']}_tok_s" if r["kind"] == "pp" else f"tg{r['n_gen']}_tok_s"
-        m[key] = r["avg_ts"]
-    return {"status": "ok", "measurements": m, "records": records}
+    return {"status": "ok", "measurements": {llama_key(r): r["avg_ts"] for r in records},
+            "records": records}
+
+
+def llama_key(record: dict) -> str:
+    """``pp128_tok_s``, ``tg64_tok_s`` (depth 0), ``tg64_d128_tok_s`` (depth 128)."""
+    test = (f"pp{record['n_prompt']}" if record["kind"] == "pp" else
+            f"tg{record['n_gen']}" if record["kind"] == "tg" else
+            f"pg{record['n_prompt']}_{record['n_gen']}")
+    depth = record.get("n_depth") or 0
+    return f"{test}{f'_d{depth}' if depth else ''}_tok_s"
 
 
 # --------------------------------------------------------------------------------- summary
@@ -252,11 +266,16 @@ def engine_table(summary: dict) -> dict:
                 "peak_rss_anon_mb": _median([a.get("peak_rss_anon_mb"), b.get("peak_rss_anon_mb")]),
                 "init_s": _median([a.get("init_s"), b.get("init_s")]),
                 "kv_cache_tokens": a.get("kv_cache_tokens")}
+    p128, p512 = PROMPT_LENS
+    tg = f"tg{OUTPUT_LEN}"
     for qtype in LLAMA_TYPES:
         s = summary.get(f"llamacpp-{qtype}", {})
         rows[f"llamacpp-{qtype}"] = {
-            "decode_tok_s": s.get(f"tg{OUTPUT_LEN}_tok_s"),
-            "decode_spread_pct": s.get(f"tg{OUTPUT_LEN}_tok_s_spread_pct"),
+            # decode after as many tokens as the vLLM arms' prompts: depth 128 and 512
+            "decode_tok_s": s.get(f"{tg}_d{p128}_tok_s"),
+            "decode_spread_pct": s.get(f"{tg}_d{p128}_tok_s_spread_pct"),
+            "decode_tok_s_at_p512": s.get(f"{tg}_d{p512}_tok_s"),
+            "decode_tok_s_at_depth0": s.get(f"{tg}_tok_s"),
             "prefill128_tok_s": s.get("pp128_tok_s"), "prefill512_tok_s": s.get("pp512_tok_s")}
     return rows
 
@@ -272,10 +291,14 @@ def ratios(rows: dict) -> dict:
     for mode in ("eager", "compiled"):
         i4, bf = rows.get(f"vllm-int4-{mode}", {}), rows.get(f"vllm-bf16-{mode}", {})
         r = {}
-        for fig in ("decode_tok_s", "prefill128_tok_s", "prefill512_tok_s"):
+        for fig in ("decode_tok_s", "decode_tok_s_at_p512", "prefill128_tok_s",
+                    "prefill512_tok_s"):
             r[f"{fig}_vs_vllm_bf16_{mode}"] = _ratio(i4.get(fig), bf.get(fig))
             r[f"{fig}_vs_llamacpp_q4_0"] = _ratio(i4.get(fig), q4.get(fig))
             r[f"{fig}_vs_llamacpp_bf16"] = _ratio(i4.get(fig), lbf.get(fig))
+        # against llama-bench's default tg64, decoded from an empty cache (the old peer figure)
+        r["decode_tok_s_vs_llamacpp_q4_0_at_depth0"] = _ratio(
+            i4.get("decode_tok_s"), q4.get("decode_tok_s_at_depth0"))
         pi4, pbf = i4.get("peak_rss_anon_during_load_mb"), bf.get("peak_rss_anon_during_load_mb")
         r["peak_during_load_int4_mb"] = pi4
         r["peak_during_load_bf16_mb"] = pbf
@@ -287,6 +310,8 @@ def ratios(rows: dict) -> dict:
                     for m in ("eager", "compiled")), default=0) for w in ("bf16", "int4")}
     out["best_int4_decode_vs_best_vllm_bf16"] = _ratio(best["int4"], best["bf16"])
     out["best_int4_decode_vs_llamacpp_q4_0"] = _ratio(best["int4"], q4.get("decode_tok_s"))
+    out["best_int4_decode_vs_llamacpp_q4_0_at_depth0"] = _ratio(
+        best["int4"], q4.get("decode_tok_s_at_depth0"))
     out["targets"] = {
         "int4_vs_vllm_bf16_decode": {"target": TARGETS["int4_vs_vllm_bf16_decode"],
                                      "measured": out["best_int4_decode_vs_best_vllm_bf16"]},
@@ -294,6 +319,25 @@ def ratios(rows: dict) -> dict:
                                          "measured": out["best_int4_decode_vs_llamacpp_q4_0"]}}
     for t in out["targets"].values():
         t["met"] = t["measured"] >= t["target"] if t["measured"] else None
+    return out
+
+
+def ratios_by_pass(records: list[dict]) -> dict[str, dict[int, float | None]]:
+    """Decode at prompt 128 of each int4 mode over llama.cpp Q4_0's (depth 128), pass by pass:
+    the two arms of one pass ran minutes apart, so this shows how far the median can be trusted."""
+    by_pass: dict[int, dict[str, float]] = {}
+    for r in records:
+        if r["status"] != "ok":
+            continue
+        m = r["measurements"]
+        fig = m.get("decode_tok_s") if "decode_tok_s" in m else m.get(
+            f"tg{OUTPUT_LEN}_d{PROMPT_LENS[0]}_tok_s")
+        by_pass.setdefault(r["pass"], {})[r["arm"]["id"]] = fig
+    out: dict[str, dict[int, float | None]] = {}
+    for mode in ("eager", "compiled"):
+        out[f"int4_{mode}"] = {p: _ratio(arms.get(f"vllm-int4-{mode}-p{PROMPT_LENS[0]}"),
+                                         arms.get("llamacpp-Q4_0"))
+                               for p, arms in sorted(by_pass.items())}
     return out
 
 
@@ -455,10 +499,11 @@ def run(args: argparse.Namespace) -> Path:
                      "workload": WORKLOAD,
                      "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
-                     "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "repetitions": 3}},
+                     "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "n_depth": LLAMA_DEPTHS,
+                     "repetitions": 3}},
         "artifacts": art, "arms": arms,
         "bandwidth": {"runs": bandwidth, "best": bw_best},
-        "engines": rows, "ratios": ratios(rows),
+        "engines": rows, "ratios": ratios(rows), "ratios_by_pass": ratios_by_pass(records),
         "speed_of_light": speed_of_light(rows, args.shape, art, bw_best),
         "decode_profile": profile,
         "decode_profile_bandwidth": profile_bandwidth(
@@ -483,8 +528,7 @@ def _noisy_lines(result: dict) -> list[str]:
             if not key.endswith("_spread_pct") or spread is None or spread <= NOISY_PCT:
                 continue
             fig = key[: -len("_spread_pct")]
-            if fig not in ("decode_tok_s", "prefill_tok_s", "tg64_tok_s", "pp128_tok_s",
-                           "pp512_tok_s"):
+            if not fig.startswith(("decode_tok_s", "prefill_tok_s", "tg", "pp")):
                 continue
             values = [r["measurements"].get(fig) for r in result["records"]
                       if r["arm"]["id"] == arm_id and r["status"] == "ok"]
@@ -525,11 +569,14 @@ def readme(result: dict, json_name: str) -> str:
         f"{result['load_after']['loadavg']}. Other processes may have shared the cores: the "
         "ratios taken side by side in this one run are what counts, not the absolute numbers.",
         "", "Decode: output 64 by difference, prompt 128 (the p512 arm's figure beside it); "
-        "llama.cpp: tg64. Median over passes, (spread = (max - min) / median); "
+        "llama.cpp: tg64 with 128 (and 512) tokens in its KV cache first (`-d`), as the vLLM "
+        "arms decode after their prompt; tg64 from an empty cache, llama-bench's default, in its "
+        "own column. Median over passes, (spread = (max - min) / median); "
         f"NOISY: spread above {NOISY_PCT:g} %.", "",
-        "| engine | decode tok/s (spread) | decode at p512 | prefill 128 tok/s | "
-        "prefill 512 tok/s | RssAnon settled MB | peak during load MB | speed of light |",
-        "|---|---|---|---|---|---|---|---|"]
+        "| engine | decode tok/s (spread) | decode at p512 | decode at depth 0 | "
+        "prefill 128 tok/s | prefill 512 tok/s | RssAnon settled MB | peak during load MB | "
+        "speed of light |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         spread = row.get("decode_spread_pct")
         noisy = " NOISY" if spread is not None and spread > NOISY_PCT else ""
@@ -537,6 +584,7 @@ def readme(result: dict, json_name: str) -> str:
             f"| {name} | {_fmt(row.get('decode_tok_s'))}"
             f"{f' ({spread:.0f} %{noisy})' if spread is not None else ''} | "
             f"{_fmt(row.get('decode_tok_s_at_p512'))} | "
+            f"{_fmt(row.get('decode_tok_s_at_depth0'))} | "
             f"{_fmt(row.get('prefill128_tok_s'), 0)} | {_fmt(row.get('prefill512_tok_s'), 0)} | "
             f"{_fmt(row.get('rss_anon_tree_mb'), 0)} | "
             f"{_fmt(row.get('peak_rss_anon_during_load_mb'), 0)} | "
@@ -544,9 +592,9 @@ def readme(result: dict, json_name: str) -> str:
     lines += _noisy_lines(result)
     lines += ["", "Ratios (int4 over the peer):", "",
               "| int4 mode | decode vs vLLM bf16 | (at p512) | decode vs llama.cpp Q4_0 | "
-              "prefill128 vs vLLM bf16 | prefill512 vs vLLM bf16 | prefill128 vs Q4_0 | "
-              "prefill512 vs Q4_0 | peak during load int4 < bf16 |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "(at p512) | (Q4_0 at depth 0) | prefill128 vs vLLM bf16 | prefill512 vs vLLM bf16 | "
+              "prefill128 vs Q4_0 | prefill512 vs Q4_0 | peak during load int4 < bf16 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in ("eager", "compiled"):
         m = r[f"int4_{mode}"]
         i4, bf = rows.get(f"vllm-int4-{mode}", {}), rows.get(f"vllm-bf16-{mode}", {})
@@ -554,8 +602,10 @@ def readme(result: dict, json_name: str) -> str:
                                 for x in (i4, bf)) else ""
         lines.append(
             f"| {mode} | {_x(m[f'decode_tok_s_vs_vllm_bf16_{mode}'])}{noisy} | "
-            f"{_x(_ratio(i4.get('decode_tok_s_at_p512'), bf.get('decode_tok_s_at_p512')))} | "
+            f"{_x(m.get(f'decode_tok_s_at_p512_vs_vllm_bf16_{mode}'))} | "
             f"{_x(m['decode_tok_s_vs_llamacpp_q4_0'])} | "
+            f"{_x(m.get('decode_tok_s_at_p512_vs_llamacpp_q4_0'))} | "
+            f"{_x(m.get('decode_tok_s_vs_llamacpp_q4_0_at_depth0'))} | "
             f"{_x(m[f'prefill128_tok_s_vs_vllm_bf16_{mode}'])} | "
             f"{_x(m[f'prefill512_tok_s_vs_vllm_bf16_{mode}'])} | "
             f"{_x(m['prefill128_tok_s_vs_llamacpp_q4_0'])} | "
@@ -564,6 +614,9 @@ def readme(result: dict, json_name: str) -> str:
             f"({_fmt(m['peak_during_load_int4_mb'], 0)} vs "
             f"{_fmt(m['peak_during_load_bf16_mb'], 0)}) |")
     lines += [""]
+    for mode, per_pass in (result.get("ratios_by_pass") or {}).items():
+        lines.append(f"- {mode} decode vs llama.cpp Q4_0 by pass: "
+                     + ", ".join(f"{_x(v)} (pass {p})" for p, v in per_pass.items()))
     noisy_rows = [n for n, row in rows.items() if (row.get("decode_spread_pct") or 0) > NOISY_PCT]
     for name, t in r["targets"].items():
         lines.append(f"- target {name} >= {t['target']}: measured {_x(t['measured'])} "

@@ -557,10 +557,14 @@ def parse_bench_json(text: str, command: Sequence[str],
 def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, threads: int,
                   n_prompt: Sequence[int] = (128, 512), n_gen: int | Sequence[int] = 64,
                   repetitions: int = 3, cpus: Sequence[int] | None = None,
-                  extra_args: Sequence[str] = ()) -> list[str]:
-    """The argv for one llama-bench run; ``cpus`` pins it (and its threads) with ``taskset``."""
+                  n_depth: Sequence[int] = (0,), extra_args: Sequence[str] = ()) -> list[str]:
+    """The argv for one llama-bench run; ``cpus`` pins it (and its threads) with ``taskset``.
+
+    ``n_depth``: tokens put in the KV cache (untimed) before each test (``-d``); llama-bench runs
+    every test at every depth. Only depth 0, its default, leaves ``-d`` out of the argv.
+    """
     n_gen = (n_gen,) if isinstance(n_gen, int) else tuple(n_gen)
-    n_prompt = tuple(n_prompt)
+    n_prompt, n_depth = tuple(n_prompt), tuple(n_depth)
     if threads < 1:
         raise UserError(f"llama.cpp bench: threads must be >= 1, got {threads}")
     if repetitions < 1:
@@ -570,6 +574,8 @@ def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, th
                         f"got n_prompt={n_prompt} n_gen={n_gen}")
     if not any((*n_prompt, *n_gen)):
         raise UserError("llama.cpp bench: nothing to run: n_prompt and n_gen are all 0")
+    if not n_depth or any(d < 0 for d in n_depth):
+        raise UserError(f"llama.cpp bench: n_depth must be token counts >= 0, got {n_depth}")
     prefix = []
     if cpus is not None:
         if not cpus or any(c < 0 for c in cpus):
@@ -578,16 +584,24 @@ def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, th
         prefix = ["taskset", "-c", ",".join(str(c) for c in sorted(set(cpus)))]
     return [*prefix, str(llama_bench), "-m", str(gguf), "-t", str(threads),
             "-p", ",".join(map(str, n_prompt or (0,))), "-n", ",".join(map(str, n_gen or (0,))),
-            "-r", str(repetitions), "-o", "json", *extra_args]
+            "-r", str(repetitions), "-o", "json",
+            *(["-d", ",".join(map(str, n_depth))] if n_depth != (0,) else []), *extra_args]
+
+
+def _tests_tag(cmd: Sequence[str]) -> str:
+    """``p128,512-n0`` from an argv's -p, -n (and -d) values: names one set of tests."""
+    values = {flag: cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag in ("-p", "-n", "-d")}
+    return "-".join(f"{flag[1]}{values[flag]}" for flag in ("-p", "-n", "-d") if flag in values)
 
 
 def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (128, 512),
           n_gen: int | Sequence[int] = 64, repetitions: int = 3, cpus: Sequence[int] | None = None,
-          extra_args: Sequence[str] = (), timeout: float | None = None,
-          cache_dir: Path | None = None) -> list[dict]:
+          n_depth: Sequence[int] = (0,), extra_args: Sequence[str] = (),
+          timeout: float | None = None, cache_dir: Path | None = None) -> list[dict]:
     """Run llama-bench on ``gguf`` and return one dict per test (``BenchRecord.as_dict``).
 
-    The raw JSON is kept at ``logs/bench-<name>.json`` beside its stderr log.
+    The raw JSON is kept at ``logs/bench-<name>-<tests>.json`` beside its stderr log, one pair per
+    set of tests (``p128,512-n0``, ``p0-n64-d0,128``), so two runs on one model both stay.
     """
     gguf = Path(gguf)
     if not gguf.is_file():
@@ -596,8 +610,9 @@ def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (1
         raise UserError("llama.cpp bench: cpus given but taskset is not installed (util-linux)")
     llama = ensure_built(cache_dir)
     cmd = bench_command(llama.llama_bench, gguf, threads=threads, n_prompt=n_prompt, n_gen=n_gen,
-                        repetitions=repetitions, cpus=cpus, extra_args=extra_args)
-    log = llama.logs_dir / f"bench-{gguf.stem}.log"
+                        repetitions=repetitions, cpus=cpus, n_depth=n_depth,
+                        extra_args=extra_args)
+    log = llama.logs_dir / f"bench-{gguf.stem}-{_tests_tag(cmd)}.log"
     raw = log.with_suffix(".json")
     _run_logged("bench", cmd, log, stdout_to=raw, timeout=timeout)
     try:
@@ -643,6 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-p", "--n-prompt", type=_int_list, default=[128, 512])
     b.add_argument("-n", "--n-gen", type=_int_list, default=[64])
     b.add_argument("-r", "--repetitions", type=int, default=3)
+    b.add_argument("-d", "--n-depth", type=_int_list, default=[0],
+                   help="tokens in the KV cache before each test, e.g. 0,128")
     b.add_argument("--cpus", type=_int_list, default=None, help="pin to these CPU ids, e.g. 0,1")
     b.add_argument("--out", type=Path, default=None, help="also write the records to this file")
     return p
@@ -661,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verb == "bench":
             records = bench(args.gguf, threads=args.threads, n_prompt=args.n_prompt,
                             n_gen=args.n_gen, repetitions=args.repetitions, cpus=args.cpus,
-                            cache_dir=args.cache_dir)
+                            n_depth=args.n_depth, cache_dir=args.cache_dir)
             text = json.dumps(records, indent=2)
             if args.out:
                 args.out.write_text(text + "\n")

@@ -54,8 +54,8 @@ def _rows():
                                "peak_rss_anon_during_load_mb": 1600.0, "rss_anon_tree_mb": 1100.0},
         "llamacpp-bf16": {"decode_tok_s": 15.0, "prefill128_tok_s": 500.0,
                           "prefill512_tok_s": 480.0},
-        "llamacpp-Q4_0": {"decode_tok_s": 30.0, "prefill128_tok_s": 600.0,
-                          "prefill512_tok_s": 550.0},
+        "llamacpp-Q4_0": {"decode_tok_s": 30.0, "decode_tok_s_at_depth0": 33.0,
+                          "prefill128_tok_s": 600.0, "prefill512_tok_s": 550.0},
     }
 
 
@@ -63,6 +63,8 @@ def test_ratios_and_targets():
     r = int4_peers.ratios(_rows())
     assert r["int4_eager"]["decode_tok_s_vs_vllm_bf16_eager"] == pytest.approx(2.5)
     assert r["int4_compiled"]["decode_tok_s_vs_llamacpp_q4_0"] == pytest.approx(1.1)
+    assert r["int4_compiled"]["decode_tok_s_vs_llamacpp_q4_0_at_depth0"] == pytest.approx(1.0)
+    assert r["best_int4_decode_vs_llamacpp_q4_0_at_depth0"] == pytest.approx(1.0)
     assert r["int4_eager"]["peak_during_load_int4_below_bf16"] is True
     assert r["best_int4_decode_vs_best_vllm_bf16"] == pytest.approx(33 / 12)
     assert r["targets"]["int4_vs_vllm_bf16_decode"]["met"] is True
@@ -75,6 +77,49 @@ def test_ratios_with_a_missing_arm_are_none_not_a_crash():
     r = int4_peers.ratios(rows)
     assert r["int4_eager"]["decode_tok_s_vs_llamacpp_q4_0"] is None
     assert r["targets"]["int4_vs_llamacpp_q4_0_decode"]["met"] is None
+
+
+def _llama_record(kind, n_prompt, n_gen, n_depth, ts):
+    return {"kind": kind, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "avg_ts": ts}
+
+
+def test_llama_arm_prefills_from_empty_and_decodes_at_the_vllm_prompt_lengths(monkeypatch):
+    calls = []
+
+    def fake_bench(gguf, **kw):
+        calls.append(kw)
+        if kw["n_gen"] == 0:
+            return [_llama_record("pp", n, 0, 0, 1000.0 + n) for n in kw["n_prompt"]]
+        return [_llama_record("tg", 0, kw["n_gen"], d, 100.0 - d / 16) for d in kw["n_depth"]]
+
+    monkeypatch.setattr(int4_peers.llamacpp, "bench", fake_bench)
+    res = int4_peers.run_llama_arm({"gguf": "q.gguf"}, [0, 1], timeout_s=60)
+    assert [c.get("n_depth", (0,)) for c in calls] == [(0,), (0, 128, 512)]
+    assert res["measurements"] == {"pp128_tok_s": 1128.0, "pp512_tok_s": 1512.0,
+                                   "tg64_tok_s": 100.0, "tg64_d128_tok_s": 92.0,
+                                   "tg64_d512_tok_s": 68.0}
+    rows = int4_peers.engine_table(int4_peers.summarize([
+        {"arm": {"id": "llamacpp-Q4_0"}, "pass": 1, "status": "ok",
+         "measurements": res["measurements"]}]))
+    q4 = rows["llamacpp-Q4_0"]
+    # the compared figure is the one at the vLLM arm's context, not llama-bench's default
+    assert (q4["decode_tok_s"], q4["decode_tok_s_at_p512"], q4["decode_tok_s_at_depth0"]) == (
+        92.0, 68.0, 100.0)
+    assert q4["prefill128_tok_s"] == 1128.0
+
+
+def test_ratios_by_pass_pair_each_int4_arm_with_q4_0_of_the_same_pass():
+    def rec(p, arm, m):
+        return {"arm": {"id": arm}, "pass": p, "status": "ok", "measurements": m}
+
+    records = [rec(1, "vllm-int4-compiled-p128", {"decode_tok_s": 90.0}),
+               rec(1, "llamacpp-Q4_0", {"tg64_tok_s": 99.0, "tg64_d128_tok_s": 100.0}),
+               rec(2, "vllm-int4-compiled-p128", {"decode_tok_s": 80.0}),
+               rec(2, "vllm-int4-compiled-p512", {"decode_tok_s": 70.0}),
+               rec(2, "llamacpp-Q4_0", {"tg64_tok_s": 70.0, "tg64_d128_tok_s": 64.0})]
+    by_pass = int4_peers.ratios_by_pass(records)
+    assert by_pass["int4_compiled"] == {1: pytest.approx(0.9), 2: pytest.approx(1.25)}
+    assert by_pass["int4_eager"] == {1: None, 2: None}
 
 
 def test_summarize_takes_medians_over_ok_passes_only():
@@ -101,9 +146,12 @@ def test_speed_of_light_and_readme_render():
         "command": ["python", "-m", "omni_ray.bench.int4_peers", "--shape", "qwen2.5-0.5b"],
         "load_before": {"loadavg": [0.1, 0.1, 0.1]}, "load_after": {"loadavg": [0.2, 0.1, 0.1]},
         "bandwidth": {"best": {"ceiling_gb_s": 10.0}}, "decode_profile": None,
+        "ratios_by_pass": {"int4_compiled": {1: 1.05, 2: 0.86}},
         "summary": {}, "records": []}
     text = int4_peers.readme(result, "x.json")
     assert "| vllm-int4-eager | 25.0 |" in text
+    assert "| llamacpp-Q4_0 | 30.0 | - | 33.0 |" in text
+    assert "int4_compiled decode vs llama.cpp Q4_0 by pass: 1.05x (pass 1), 0.86x (pass 2)" in text
     assert "--shape qwen2.5-0.5b" in text
 
 

@@ -86,7 +86,20 @@ def test_bench_command_pins_with_taskset_and_passes_extra_args():
                        "-r", "1", "-o", "json", "-fa", "on"]
 
 
+def test_bench_command_puts_depths_in_the_kv_cache_and_names_its_log_by_its_tests():
+    cmd = bench_command("llama-bench", "x.gguf", threads=2, n_prompt=(0,), n_gen=64,
+                        n_depth=(0, 128, 512))
+    assert cmd[-2:] == ["-d", "0,128,512"]
+    assert llamacpp._tests_tag(cmd) == "p0-n64-d0,128,512"
+    # depth 0 alone is llama-bench's default: no -d, and the tag says nothing of it
+    cmd = bench_command("llama-bench", "x.gguf", threads=2, n_gen=0)
+    assert "-d" not in cmd
+    assert llamacpp._tests_tag(cmd) == "p128,512-n0"
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"threads": 1, "n_depth": ()}, r"n_depth must be token counts >= 0, got \(\)"),
+    ({"threads": 1, "n_depth": (128, -1)}, r"n_depth must be token counts >= 0"),
     ({"threads": 0}, r"threads must be >= 1, got 0"),
     ({"threads": 1, "repetitions": 0}, r"repetitions must be >= 1, got 0"),
     ({"threads": 1, "n_prompt": (0,), "n_gen": 0}, r"nothing to run"),
