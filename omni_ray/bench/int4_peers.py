@@ -469,7 +469,8 @@ def run(args: argparse.Namespace) -> Path:
             records.append(rec)
             m = rec["measurements"]
             _log(f"pass {pass_no} {arm['id']}: {rec['status']} "
-                 f"decode={_fmt(m.get('decode_tok_s') or m.get('tg64_tok_s'))} "
+                 # llama.cpp's decode at the vLLM p128 arm's context, as the tables compare it
+                 f"decode={_fmt(m.get('decode_tok_s') or m.get('tg64_d128_tok_s'))} "
                  f"prefill={_fmt(m.get('prefill_tok_s') or m.get('pp128_tok_s'))} "
                  f"rss={_fmt(m.get('rss_anon_tree_mb'))} "
                  f"load={load['loadavg'][0]} ({time.monotonic() - t0:.0f} s)"
