@@ -84,44 +84,60 @@ def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
             "pairs_b_faster": sum(r > 1 for r in ratios), "pairwise_ratios": ratios}
 
 
-def run(args: argparse.Namespace) -> dict:
-    from omni_ray.engine.runner import GREEDY, engine_env, engine_kwargs, timed_generate
+def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | None):
+    """(an engine in this process, pinned to ``cpus``, and its checkpoint): ``model`` or the
+    shape's cpu_int4 g128 checkpoint, made once as ``int4_peers`` makes it. Call before anything
+    else imports vLLM: the stage's environment is set first (vLLM reads some of it at import)."""
+    from omni_ray.engine.runner import engine_env, engine_kwargs
     from omni_ray.measure.pinning import pin_all_threads
+
+    os.environ.update(engine_env({"stage": stage, "cpus": cpus}))
+    if model:
+        path = Path(model)
+    else:
+        from omni_ray.bench.int4_peers import ensure_int4
+
+        path = ensure_int4(shape, envs.cache_dir() / "bench" / "int4_peers")[1]
+    pin_all_threads(cpus)
+    import vllm_omni
+    from vllm import LLM
+
+    vllm_omni.register()
+    return LLM(**engine_kwargs({"model_path": str(path), "stage": stage, "cpus": cpus})), path
+
+
+def decode_step_ms(llm, prompt: list[list[int]], output_len: int,
+                   sampling: dict) -> tuple[float, list[int]]:
+    """One decode step's ms by difference of a 1-token and an ``output_len + 1``-token run on
+    ``prompt`` (the decode steps run at context len(prompt) .. + output_len), and the tokens."""
+    from vllm import SamplingParams
+
+    from omni_ray.engine.runner import timed_generate
+    from omni_ray.workload.prompts import decode_seconds_per_token
+
+    t1, _ = timed_generate(llm, prompt, SamplingParams(max_tokens=1, **sampling))
+    tn, out = timed_generate(llm, prompt, SamplingParams(max_tokens=output_len + 1, **sampling))
+    return (decode_seconds_per_token(t1, tn, output_len + 1) * 1e3,
+            list(out[0].outputs[0].token_ids))
+
+
+def run(args: argparse.Namespace) -> dict:
+    from omni_ray.engine.runner import GREEDY
+    from omni_ray.workload.prompts import token_prompts
 
     a, b = SWITCHES[args.switch]
     cpus = sorted(os.sched_getaffinity(0))
     stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
                  disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
-    # before anything imports vLLM (making the int4 checkpoint does): vLLM reads some at import
-    os.environ.update(engine_env({"stage": stage, "cpus": cpus}))
-    if args.model:
-        model = Path(args.model)
-    else:
-        from omni_ray.bench.int4_peers import ensure_int4
-
-        model = ensure_int4(args.shape, envs.cache_dir() / "bench" / "int4_peers")[1]
-    req = {"model_path": str(model), "stage": stage, "cpus": cpus}
-    pin_all_threads(cpus)
+    llm, model = in_process_engine(stage, cpus, args.shape, args.model)
     import vllm_omni
-    from vllm import LLM, SamplingParams
 
-    from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
-
-    vllm_omni.register()
-    llm = LLM(**engine_kwargs(req))
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     prompt = token_prompts(1, PROMPT_LEN, vocab, seed=1)
-
     sampling = dict(GREEDY)
 
-    def timed(n: int) -> tuple[float, list[int]]:
-        t, out = timed_generate(llm, prompt, SamplingParams(max_tokens=n, **sampling))
-        return t, list(out[0].outputs[0].token_ids)
-
     def step_ms() -> tuple[float, list[int]]:
-        t1, _ = timed(1)
-        tn, ids = timed(OUTPUT_LEN + 1)
-        return decode_seconds_per_token(t1, tn, OUTPUT_LEN + 1) * 1e3, ids
+        return decode_step_ms(llm, prompt, OUTPUT_LEN, sampling)
 
     flip = flipper(args.switch, sampling)
     ms: dict[str, list[float]] = {a: [], b: []}
