@@ -20,6 +20,8 @@ Switches, each flipped at run time without restarting the engine:
   the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
   ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
+- ``gc``: Python's cyclic garbage collector on (A, the default) or off (B) in the engine's
+  process: what the collections that vLLM's per-step objects trigger cost a decode step.
 
 The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
@@ -41,6 +43,7 @@ SWITCHES = {
     "attention_kernels": ("python", "cpp"),
     "weight_prefetch": ("l2", "nta"),
     "detokenize": ("on", "off"),
+    "gc": ("on", "off"),
 }
 PROMPT_LEN = 128
 OUTPUT_LEN = 64
@@ -54,6 +57,10 @@ def flipper(switch: str, sampling: dict):
 
     if switch == "detokenize":
         return lambda side: sampling.update(detokenize=side == "on")
+    if switch == "gc":
+        import gc
+
+        return lambda side: gc.enable() if side == "on" else gc.disable()
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
     from vllm_omni.patches import cpu_attention

@@ -53,3 +53,16 @@ def test_detokenize_switch_changes_only_the_sampling_fields():
     assert sampling == {"temperature": 0.0, "ignore_eos": True, "detokenize": False}
     flip("on")
     assert sampling["detokenize"] is True
+
+
+def test_gc_switch_turns_the_collector_off_and_back_on():
+    import gc
+
+    flip = step_ab.flipper("gc", {})
+    try:
+        flip("off")
+        assert not gc.isenabled()
+        flip("on")
+        assert gc.isenabled()
+    finally:
+        gc.enable()
