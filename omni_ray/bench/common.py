@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,3 +29,13 @@ def save(out_dir: str | os.PathLike, kind: str, body: dict, command: list[str]) 
     write_json_atomic(path, {"kind": kind, "command": " ".join(command), **body,
                              "load_average_after": os.getloadavg(), "provenance": collect()})
     return path
+
+
+def save_and_exit(out_dir: str | os.PathLike, kind: str, body: dict, module: str,
+                  argv: list[str] | None, line: str) -> None:
+    """For a benchmark that ran vLLM in its own process: save, print ``line`` and the path, and
+    exit at once (vLLM leaves non-daemon threads behind; the result is on disk)."""
+    path = save(out_dir, kind, body,
+                [sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)])
+    print(f"{line}  -> {path}", flush=True)
+    os._exit(0)

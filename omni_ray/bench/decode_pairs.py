@@ -32,12 +32,11 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import save, spread_pct
+from omni_ray.bench.common import save_and_exit, spread_pct
 from omni_ray.bench.step_ab import STAGE, decode_step_ms, in_process_engine, pair_order
 
 VLLM, PEER = "vllm_cpu_int4", "llamacpp_q4_0"
@@ -187,16 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     check(p, args)
     body = run(args)
-    path = save(args.out, "decode_pairs", body, [sys.executable, "-m", __spec__.name,
-                                                 *(sys.argv[1:] if argv is None else argv)])
     med = body["median_tok_s"]
-    print(f"decode at depth {body['depth']}: vLLM cpu_int4 {med[VLLM]:.1f} tok/s, llama.cpp Q4_0 "
-          f"{med[PEER]:.1f} tok/s; pairwise ratio median {body['pairwise_ratio_median']:.3f} "
-          f"({body['pairs_vllm_faster']}/{body['pairs']} pairs vLLM faster; engine busy during "
-          f"the peer in {len(body['pairs_engine_busy_during_peer'])} pairs)  -> {path}",
-          flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # vLLM leaves non-daemon threads behind; the result is on disk
+    save_and_exit(args.out, "decode_pairs", body, __spec__.name, argv,
+                  f"decode at depth {body['depth']}: vLLM cpu_int4 {med[VLLM]:.1f} tok/s, "
+                  f"llama.cpp Q4_0 {med[PEER]:.1f} tok/s; pairwise ratio median "
+                  f"{body['pairwise_ratio_median']:.3f} ({body['pairs_vllm_faster']}/"
+                  f"{body['pairs']} pairs vLLM faster; engine busy during the peer in "
+                  f"{len(body['pairs_engine_busy_during_peer'])} pairs)")
 
 
 if __name__ == "__main__":

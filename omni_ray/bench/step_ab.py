@@ -32,11 +32,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import save
+from omni_ray.bench.common import save_and_exit
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
@@ -193,15 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         if not status.available:
             p.error(f"--switch weight_prefetch needs vllm_omni's native kernels: {status.reason}")
     body = run(args)
-    path = save(args.out, "step_ab", body, [sys.executable, "-m", __spec__.name,
-                                            *(sys.argv[1:] if argv is None else argv)])
     med = body["median_step_ms"]
-    print(f"{body['switch']}: {body['a']} {med[body['a']]:.2f} ms, {body['b']} "
-          f"{med[body['b']]:.2f} ms per step; pairwise {body['a']}/{body['b']} "
-          f"{body['pairwise_ratio_median']:.3f} ({body['pairs_b_faster']}/{body['pairs']} pairs "
-          f"{body['b']} faster); same tokens {body['same_tokens']}  -> {path}", flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # vLLM leaves non-daemon threads behind; the result is on disk
+    save_and_exit(args.out, "step_ab", body, __spec__.name, argv,
+                  f"{body['switch']}: {body['a']} {med[body['a']]:.2f} ms, {body['b']} "
+                  f"{med[body['b']]:.2f} ms per step; pairwise {body['a']}/{body['b']} "
+                  f"{body['pairwise_ratio_median']:.3f} ({body['pairs_b_faster']}/{body['pairs']} "
+                  f"pairs {body['b']} faster); same tokens {body['same_tokens']}")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,25 @@ def test_missing_model_files_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         dp.main(["--model", str(tmp_path / "nope")])
     assert f"--model: not a checkpoint directory: {tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_save_and_exit_keeps_the_result_and_its_command_before_exiting(tmp_path, monkeypatch,
+                                                                       capsys):
+    import json
+    import os
+
+    from omni_ray.bench import common
+
+    def fake_exit(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    with pytest.raises(SystemExit) as done:
+        common.save_and_exit(tmp_path, "decode_pairs", {"pairs": 3}, "omni_ray.bench.decode_pairs",
+                             ["--pairs", "3"], "ratio 0.9")
+    assert done.value.code == 0
+    [path] = tmp_path.glob("*.json")
+    saved = json.loads(path.read_text())
+    assert saved["kind"] == "decode_pairs" and saved["pairs"] == 3
+    assert saved["command"].endswith("-m omni_ray.bench.decode_pairs --pairs 3")
+    assert capsys.readouterr().out.strip() == f"ratio 0.9  -> {path}"
