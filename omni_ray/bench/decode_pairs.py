@@ -19,8 +19,9 @@ Idle engine while the peer runs: the engine's OpenMP threads spin between parall
 with ``OMP_WAIT_POLICY=ACTIVE`` alone they would spin forever and take llama.cpp's cores. The
 engine runs with a finite ``GOMP_SPINCOUNT`` (``--spin-count``; long enough to cover the gaps
 inside a decode step), the peer starts ``--gap`` seconds after the engine's last step, and the CPU
-time the engine's process used while the peer ran is recorded per pair (``engine_cpu_s``) and
-checked against ``MAX_ENGINE_CPU_SHARE`` of the peer's wall time: a pair over it is flagged.
+time the engine's process used while the peer ran is recorded per pair
+(``engine_cpu_s_during_peer``) and checked against ``MAX_ENGINE_CPU_SHARE`` of the peer's wall
+time: a pair over it is flagged.
 
 The models: the shape's cpu_int4 g128 checkpoint and its Q4_0 GGUF, made once as ``int4_peers``
 makes them (or ``--model`` and ``--gguf``). Writes ``<out>/<UTC timestamp>.json`` with provenance.
