@@ -7,6 +7,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from omni_ray.results.provenance import collect
 from omni_ray.results.store import write_json_atomic
@@ -24,6 +25,13 @@ def spread_pct(values: list[float]) -> float | None:
     return (max(values) - min(values)) / statistics.median(values) * 100
 
 
+def pairwise(a: list[float], b: list[float]) -> tuple[list[float], float, int]:
+    """Interleaved pairs of two sides: a[i] / b[i] for each pair, their median, and in how many
+    pairs the ratio is above 1."""
+    ratios = [x / y for x, y in zip(a, b)]
+    return ratios, statistics.median(ratios), sum(r > 1 for r in ratios)
+
+
 def save(out_dir: str | os.PathLike, kind: str, body: dict, command: list[str]) -> Path:
     path = Path(out_dir) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     write_json_atomic(path, {"kind": kind, "command": " ".join(command), **body,
@@ -32,7 +40,7 @@ def save(out_dir: str | os.PathLike, kind: str, body: dict, command: list[str]) 
 
 
 def save_and_exit(out_dir: str | os.PathLike, kind: str, body: dict, module: str,
-                  argv: list[str] | None, line: str) -> None:
+                  argv: list[str] | None, line: str) -> NoReturn:
     """For a benchmark that ran vLLM in its own process: save, print ``line`` and the path, and
     exit at once (vLLM leaves non-daemon threads behind; the result is on disk)."""
     path = save(out_dir, kind, body,

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import save_and_exit, spread_pct
+from omni_ray.bench.common import pairwise, save_and_exit, spread_pct
 from omni_ray.bench.step_ab import STAGE, decode_step_ms, in_process_engine, pair_order
 
 VLLM, PEER = "vllm_cpu_int4", "llamacpp_q4_0"
@@ -56,14 +56,14 @@ def summarize(tok_s: dict[str, list[float]], engine_cpu: list[float],
               peer_wall: list[float]) -> dict:
     """Per side the median tok/s and its spread; the pairwise ratios vLLM / llama.cpp, their
     median, how many pairs vLLM won, and the pairs where the engine was not idle."""
-    ratios = [v / p for v, p in zip(tok_s[VLLM], tok_s[PEER])]
+    ratios, median, vllm_faster = pairwise(tok_s[VLLM], tok_s[PEER])
     busy = [i for i, (c, w) in enumerate(zip(engine_cpu, peer_wall))
             if c > MAX_ENGINE_CPU_SHARE * w]
     return {"median_tok_s": {k: statistics.median(v) for k, v in tok_s.items()},
             "spread_pct": {k: spread_pct(v) for k, v in tok_s.items()},
             "pairwise_ratios": ratios,
-            "pairwise_ratio_median": statistics.median(ratios),
-            "pairs_vllm_faster": sum(r > 1 for r in ratios),
+            "pairwise_ratio_median": median,
+            "pairs_vllm_faster": vllm_faster,
             "pairs_engine_busy_during_peer": busy}
 
 
@@ -92,10 +92,10 @@ def run(args: argparse.Namespace) -> dict:
     if args.gguf:
         gguf = Path(args.gguf)
     else:
-        from omni_ray.bench.int4_peers import prepare
+        from omni_ray.bench.int4_peers import ensure_ggufs, ensure_int4
 
-        gguf = Path(prepare(args.shape, envs.cache_dir() / "bench" / "int4_peers")
-                    ["gguf"]["Q4_0"]["path"])
+        bf16, int4 = ensure_int4(args.shape, envs.cache_dir() / "bench" / "int4_peers")
+        gguf = ensure_ggufs(bf16, int4.parent)["Q4_0"]
     import vllm_omni
 
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()

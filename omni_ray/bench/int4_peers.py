@@ -102,16 +102,21 @@ def ensure_int4(shape: str, work: Path) -> tuple[Path, Path]:
     return model, int4
 
 
-def prepare(shape: str, work: Path) -> dict:
-    """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
-    model, int4 = ensure_int4(shape, work)
-    art = int4.parent
-    record = json.loads((int4 / "omni_quantize.json").read_text())
+def ensure_ggufs(model: Path, art: Path) -> dict[str, Path]:
+    """``model``'s bf16 and Q4_0 GGUFs under ``art`` (converted, then quantized, once)."""
     gguf = {"bf16": art / "model-bf16.gguf", "Q4_0": art / "model-Q4_0.gguf"}
     if not gguf["bf16"].is_file():
         llamacpp.convert(model, gguf["bf16"], "bf16")
     if not gguf["Q4_0"].is_file():
         llamacpp.quantize(gguf["bf16"], gguf["Q4_0"], "Q4_0")
+    return gguf
+
+
+def prepare(shape: str, work: Path) -> dict:
+    """The bf16 model, its cpu_int4 checkpoint and its two GGUFs (each built once, then reused)."""
+    model, int4 = ensure_int4(shape, work)
+    record = json.loads((int4 / "omni_quantize.json").read_text())
+    gguf = ensure_ggufs(model, int4.parent)
     return {"model": str(model), "int4": str(int4),
             "quantize_command": ["omni-ray", "quantize", str(model), str(int4),
                                  "--group-size", str(GROUP_SIZE)],

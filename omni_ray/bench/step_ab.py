@@ -35,7 +35,7 @@ import statistics
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import save_and_exit
+from omni_ray.bench.common import pairwise, save_and_exit
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
@@ -83,11 +83,11 @@ def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
 
 
 def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
-    ratios = [x / y for x, y in zip(ms[a], ms[b])]
+    ratios, median, b_faster = pairwise(ms[a], ms[b])
     med = {side: statistics.median(v) for side, v in ms.items()}
     return {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
-            "pairwise_ratio_median": statistics.median(ratios),
-            "pairs_b_faster": sum(r > 1 for r in ratios), "pairwise_ratios": ratios}
+            "pairwise_ratio_median": median, "pairs_b_faster": b_faster,
+            "pairwise_ratios": ratios}
 
 
 def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | None):
