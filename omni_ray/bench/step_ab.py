@@ -22,6 +22,9 @@ Switches, each flipped at run time without restarting the engine:
   ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
 - ``gc``: Python's cyclic garbage collector on (A, the default) or off (B) in the engine's
   process: what the collections that vLLM's per-step objects trigger cost a decode step.
+- ``step_overhead``: A is vLLM's own per-step Python (buffer self-copies, the slot-mapping
+  launch, the sampler), B is vllm_omni's ``step_overhead`` patch (removed and applied again;
+  the engine starts with it switched off).
 
 The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
@@ -43,7 +46,10 @@ SWITCHES = {
     "weight_prefetch": ("l2", "nta"),
     "detokenize": ("on", "off"),
     "gc": ("on", "off"),
+    "step_overhead": ("vllm", "vllm_omni"),
 }
+# Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
+PATCH_SWITCHES = ("cpu_attention", "step_overhead")
 PROMPT_LEN = 128
 OUTPUT_LEN = 64
 STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
@@ -62,7 +68,7 @@ def flipper(switch: str, sampling: dict):
         return lambda side: gc.enable() if side == "on" else gc.disable()
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
-    from vllm_omni.patches import cpu_attention
+    from vllm_omni.patches import cpu_attention, step_overhead
 
     if switch == "attention_kernels":
         def flip_kernels(side: str) -> None:
@@ -70,11 +76,12 @@ def flipper(switch: str, sampling: dict):
             cpu_attention.apply(cpu_attention.find_target(), native=side == "cpp")
         return flip_kernels
 
+    patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead}[switch]
+
     def flip(side: str) -> None:
+        patch.remove()
         if side == "vllm_omni":
-            cpu_attention.apply(cpu_attention.find_target())
-        else:
-            cpu_attention.remove()
+            patch.apply(patch.find_target())
     return flip
 
 
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
     a, b = SWITCHES[args.switch]
     cpus = sorted(os.sched_getaffinity(0))
     stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
-                 disable_patches=["cpu_attention"] if args.switch == "cpu_attention" else [])
+                 disable_patches=[args.switch] if args.switch in PATCH_SWITCHES else [])
     llm, model = in_process_engine(stage, cpus, args.shape, args.model)
     import vllm_omni
 

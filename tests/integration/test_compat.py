@@ -98,3 +98,94 @@ def test_inductor_settings_passed_survive_what_stock_vllm_overwrites(monkeypatch
     stock = inspect.unwrap(CpuPlatform.check_and_update_config.__func__)
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(stock))
     assert dynamic_threads() is True
+
+
+def test_step_overhead_refuses_a_vllm_whose_sampler_changed(monkeypatch):
+    from vllm_omni.patches import step_overhead
+
+    changed = "vllm.v1.sample.sampler.Sampler.sample"
+    monkeypatch.setitem(step_overhead.REPLICATED, changed, "0" * 16)
+    with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed}$"):
+        step_overhead.find_target()
+
+
+def test_step_overhead_can_be_removed_and_applied_again():
+    """step_ab flips the patch within one process: removed, each method is vLLM's own."""
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.block_table import BlockTable
+
+    from vllm_omni.patches import is_marked, step_overhead
+
+    patches.apply_all()
+    methods = ((CpuGpuBuffer, "copy_to_gpu"), (BlockTable, "compute_slot_mapping"),
+               (Sampler, "forward"))
+    try:
+        assert all(hasattr(getattr(c, m), "__wrapped__") for c, m in methods)
+        step_overhead.remove()
+        assert not any(hasattr(getattr(c, m), "__wrapped__") for c, m in methods)
+        assert not is_marked(step_overhead.find_target(), step_overhead.NAME)
+        step_overhead.apply(step_overhead.find_target())
+        step_overhead.apply(step_overhead.find_target())  # twice: still one layer over vLLM's
+        assert all(not hasattr(getattr(c, m).__wrapped__, "__wrapped__") for c, m in methods)
+    finally:
+        step_overhead.remove()
+        patches.apply_all()
+
+
+def test_a_self_aliased_buffer_is_not_copied_onto_itself():
+    """The CPU runner's buffers have gpu = cpu: no copy runs. Any other buffer still copies."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from vllm.v1.utils import CpuGpuBuffer
+
+    class Copies(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Copies.n += func is torch.ops.aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    patches.apply_all()
+    buf = CpuGpuBuffer(4, dtype=torch.int32, device=torch.device("cpu"), pin_memory=False)
+    buf.np[:] = [1, 2, 3, 4]
+    with Copies():
+        assert buf.copy_to_gpu(2).tolist() == [1, 2]
+    assert Copies.n == 1 and buf.gpu.tolist() == [1, 2, 0, 0]
+    buf.gpu = buf.cpu
+    with Copies():
+        out = buf.copy_to_gpu(3)
+    assert Copies.n == 1  # none more
+    assert out.data_ptr() == buf.cpu.data_ptr() and out.tolist() == [1, 2, 3]
+
+
+def test_greedy_only_batches_are_those_the_sampler_reduces_to_an_argmax():
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor,
+                                                         MinTokensLogitsProcessor)
+
+    from vllm_omni.patches.step_overhead import greedy_only
+
+    min_toks = object.__new__(MinTokensLogitsProcessor)
+    min_toks.min_toks = {}
+    bias = object.__new__(LogitBiasLogitsProcessor)
+    bias.biases = {}
+
+    def meta(**kw):
+        base = dict(all_greedy=True, max_num_logprobs=None, logprob_token_ids=None,
+                    allowed_token_ids_mask=None, bad_words_token_ids={}, no_penalties=True,
+                    thinking_budget_state_holder=None,
+                    logitsprocs=SimpleNamespace(non_argmax_invariant=[min_toks, bias]))
+        return SimpleNamespace(**{**base, **kw})
+
+    assert greedy_only(meta())
+    for change in (dict(all_greedy=False), dict(max_num_logprobs=0),
+                   dict(logprob_token_ids={0: [1]}), dict(allowed_token_ids_mask=object()),
+                   dict(bad_words_token_ids={0: [[1]]}), dict(no_penalties=False),
+                   dict(thinking_budget_state_holder=SimpleNamespace(
+                       has_tracked_requests=lambda: True)),
+                   dict(logitsprocs=SimpleNamespace(non_argmax_invariant=[object()]))):
+        assert not greedy_only(meta(**change)), change
+    min_toks.min_toks = {0: (4, [], {2}, False)}
+    assert not greedy_only(meta())

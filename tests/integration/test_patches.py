@@ -109,3 +109,18 @@ def test_cpu_attention_short_path_computes_what_vllm_does(run_arm, tiny_model):
     ids = on["measurements"]["output_token_ids"]
     assert ids and ids == off["measurements"]["output_token_ids"]
     assert native["measurements"]["output_token_ids"] == ids
+
+
+def test_step_overhead_short_paths_decode_what_vllm_does(run_arm, tiny_model):
+    """Greedy decode with vllm_omni's per-step short paths and with vLLM's own: the same tokens,
+    and only the patched engine says its sampler took the native argmax."""
+    wl = {"prompt_len": 24, "output_len": 48, "batch": 2, "warmup": 0, "repeats": 1}
+    on = run_arm(tiny_model, workload=wl)
+    off = run_arm(tiny_model, workload=wl, stage={"disable_patches": ["step_overhead"]})
+    assert on["patch_report"]["step_overhead"]["applied"] is True
+    assert off["patch_report"]["step_overhead"]["reason"] == (
+        "disabled by VLLM_OMNI_DISABLE_STEP_OVERHEAD=1")
+    assert on["log"]["greedy_argmax"] == 1, on["log_path"]
+    assert off["log"]["greedy_argmax"] == 0
+    ids = on["measurements"]["output_token_ids"]
+    assert ids and ids == off["measurements"]["output_token_ids"]

@@ -3,7 +3,7 @@
 ``load()`` compiles the source with torch's C++ extension builder into a cache directory keyed on
 the source, the torch version and the flags (``$VLLM_OMNI_CACHE``, default
 ``~/.cache/vllm_omni``), then loads it, which registers ``torch.ops.vllm_omni_C.int4_gemv`` and
-``int4_dequant_t``. A build takes about 10 s; later processes only load the library. The build
+``int4_dequant_t`` (and ``greedy_argmax``, the step_overhead patch's sampler). A build takes about 10 s; later processes only load the library. The build
 runs under an exclusive file lock, so the EngineCore and its workers never build at once, and a
 build killed half way leaves nothing that blocks the next one.
 

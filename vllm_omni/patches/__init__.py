@@ -16,12 +16,13 @@ import logging
 
 from vllm_omni import envs
 from vllm_omni.patches import (aot_cache, cpu_attention, inductor_config, kv_budget,
-                                release_memory)
+                                release_memory, step_overhead)
 
 logger = logging.getLogger("vllm.omni")
 
 MARKER = "__vllm_omni_patch__"
-PATCHES = (aot_cache, kv_budget, inductor_config, release_memory, cpu_attention)
+PATCHES = (aot_cache, kv_budget, inductor_config, release_memory, cpu_attention,
+           step_overhead)
 
 
 @dataclasses.dataclass(frozen=True)

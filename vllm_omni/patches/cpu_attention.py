@@ -25,9 +25,9 @@ Remove when: vLLM's CPU attention op calls its kernels directly.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
+
+from vllm_omni.patches.replicated import check, resolve
 
 NAME = "cpu_attention"
 TARGET = "torch.ops.vllm.{unified_kv_cache_update,unified_attention_with_output} (CPU kernels)"
@@ -53,26 +53,6 @@ _LIB = None  # the torch.library.Library holding the kernels; must outlive them
 _NATIVE = None  # the C++ kernels' module while they are the ops' kernels
 
 
-def _resolve(dotted: str):
-    import importlib
-
-    parts = dotted.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(dotted)
-
-
-def fingerprint(fn) -> str:
-    fn = inspect.unwrap(fn)
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
-
-
 def find_target():
     import torch
     import vllm._custom_ops  # noqa: F401  loads vLLM's _C library, which registers the ops
@@ -80,17 +60,8 @@ def find_target():
     for op in ("cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache"):
         if not hasattr(torch.ops._C, op):
             raise LookupError(f"torch.ops._C.{op} is not registered (not vLLM's CPU build?)")
-    changed = []
-    for name, digest in REPLICATED.items():
-        try:
-            found = fingerprint(_resolve(name))
-        except (ImportError, AttributeError, OSError, TypeError) as exc:  # gone, or no source
-            raise LookupError(f"cannot read {name}: {exc}") from exc
-        if found != digest:
-            changed.append(name)
-    if changed:
-        raise LookupError("vLLM changed code this patch reproduces: " + ", ".join(changed))
-    return _resolve("vllm.model_executor.layers.attention.attention.unified_attention_with_output")
+    check(REPLICATED)
+    return resolve("vllm.model_executor.layers.attention.attention.unified_attention_with_output")
 
 
 def _kv_views(layer):

@@ -7,7 +7,8 @@ import sys
 
 from omni_ray import cli
 
-PATCHES = {"aot_cache", "kv_budget", "inductor_config", "release_memory", "cpu_attention"}
+PATCHES = {"aot_cache", "kv_budget", "inductor_config", "release_memory", "cpu_attention",
+           "step_overhead"}
 
 
 def native_expected() -> bool:

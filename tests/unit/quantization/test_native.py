@@ -270,3 +270,39 @@ def test_build_dir_is_keyed_on_source_and_torch(monkeypatch, tmp_path):
     assert a.parent == tmp_path / "ext" and a.name.startswith(native.NAME)
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     assert native.build_dir() != a
+
+
+def _logits(rows, vocab, dtype, seed):
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@needs_isa
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 33, 32000])
+def test_greedy_argmax_picks_what_vllms_does(dtype, vocab):
+    """vLLM's CPU sampler: fp32 logits into _C::greedy_argmax. The native one reads bf16 as is,
+    and must give the same index, ties (the first) and infinities included."""
+    import vllm._custom_ops  # noqa: F401  registers torch.ops._C
+
+    assert native.available()
+    cases = [_logits(3, vocab, dtype, vocab)]
+    tied = _logits(3, vocab, dtype, vocab + 1)
+    tied[:, vocab // 2] = tied[:, -1] = tied.max() + 1
+    cases.append(tied)
+    edge = _logits(3, vocab, dtype, vocab + 2)
+    edge[0] = float("-inf")
+    edge[1, vocab - 1] = float("inf")
+    cases.append(edge)
+    for x in cases:
+        want = torch.ops._C.greedy_argmax(x.float()).view(-1)
+        got = torch.ops.vllm_omni_C.greedy_argmax(x)
+        assert got.dtype == torch.int64 and torch.equal(got, want), (x, got, want)
+
+
+@needs_isa
+def test_greedy_argmax_returns_nothing_for_logits_with_a_nan():
+    assert native.available()
+    x = _logits(2, 100, torch.bfloat16, 0)
+    x[1, 40] = float("nan")
+    assert torch.ops.vllm_omni_C.greedy_argmax(x).numel() == 0
+    assert torch.ops.vllm_omni_C.greedy_argmax(x[:1]).tolist() == [int(x[0].float().argmax())]

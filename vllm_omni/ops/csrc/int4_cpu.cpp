@@ -25,6 +25,12 @@
 //   in fp32, adding zero rounds once, and the result is rounded to nearest even bf16.
 //
 // Only full 64-row blocks are handled; the caller checks N % 64 == 0 (and the layout).
+//
+// vllm_omni_C::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor, the index of the
+//   first largest value as int64; an empty tensor if any row holds a NaN (the caller then takes
+//   vLLM's own path for that step). Why: torch's argmax (and vLLM's _C::greedy_argmax) compare one
+//   value at a time; this takes 16 per instruction, a pass for the maximum and one for the
+//   first index that holds it. Used by the step_overhead patch's greedy sampler.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -514,6 +520,60 @@ at::Tensor cpu_int4_embedding(const at::Tensor& ids, const at::Tensor& packed,
   return out;
 }
 
+// Widens 16 bf16 to fp32 (exact: bf16 is the top half of an fp32).
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_masked(const at::BFloat16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16_masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+template <typename T>
+int64_t row_argmax(const T* row, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = load16(row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+  if (tail) {
+    const __m512 v = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail, load16_masked(row + i, tail));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  if (nan) return -1;
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(load16(row + i), m, _CMP_EQ_OQ);
+    if (eq) return i + __builtin_ctz(eq);
+  }
+  const __mmask16 eq = _mm512_mask_cmp_ps_mask(tail, load16_masked(row + i, tail), m, _CMP_EQ_OQ);
+  return eq ? i + __builtin_ctz(eq) : 0;  // all -inf: the first, as torch's argmax
+}
+
+at::Tensor greedy_argmax(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "greedy_argmax: logits must be 2-D [rows, vocab]");
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat,
+              "greedy_argmax: logits must be bf16 or fp32, got ", logits.scalar_type());
+  const at::Tensor x = logits.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    o[r] = x.scalar_type() == at::kFloat ? row_argmax(x.data_ptr<float>() + r * n, n)
+                                         : row_argmax(x.data_ptr<at::BFloat16>() + r * n, n);
+    if (o[r] < 0) return at::empty({0}, out.options());  // a NaN
+  }
+  return out;
+}
+
 // Makes this library the CPU kernels of the two vllm_omni ops (their schemas must be defined).
 void register_kernels() {
   static torch::Library* lib = [] {
@@ -537,9 +597,11 @@ TORCH_LIBRARY(vllm_omni_C, m) {
       "int n_end) -> Tensor");
   m.def("register_kernels() -> ()", &register_kernels);
   m.def("set_weight_prefetch(str mode) -> str", &set_weight_prefetch);
+  m.def("greedy_argmax(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(vllm_omni_C, CPU, m) {
   m.impl("int4_gemv", &int4_gemv);
   m.impl("int4_dequant_t", &int4_dequant_t);
+  m.impl("greedy_argmax", &greedy_argmax);
 }
