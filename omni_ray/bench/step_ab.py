@@ -10,6 +10,13 @@ difference, (65-token run - 1-token run) / 64, on the same prompt. The result is
 median step, the median of the pairwise ratios A / B (> 1: B is faster), and whether both sides
 produced the same tokens.
 
+A change to vLLM's per-step Python is a few percent of a step, below what 30 pairs of whole steps
+resolve here (a pair's ratio scatters by ~10 %). So each step is also split, by the same
+difference, into the time inside the model (``GPUModelRunner._model_forward`` and
+``LogitsProcessor.forward``: the weight-streaming part) and the rest of ``LLMEngine.step``
+(``outside_model_ms``: scheduling, input preparation, sampling, output handling), and the
+pairwise ratios of that rest are reported too.
+
 Switches, each flipped at run time without restarting the engine:
 
 - ``cpu_attention``: A is vLLM's own attention ops, B is vllm_omni's short path (the patch is
@@ -33,8 +40,10 @@ The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
+import time
 from pathlib import Path
 
 from omni_ray import envs
@@ -85,16 +94,63 @@ def flipper(switch: str, sampling: dict):
     return flip
 
 
+class OutsideModel:
+    """Seconds of ``LLMEngine.step`` spent outside the model's forward and logits, summed over
+    the steps since the engine started; ``mark()`` records the running total. Wraps the three
+    methods in this process (a measurement harness, not a vllm_omni patch)."""
+
+    TIMED = (("vllm.v1.engine.llm_engine", "LLMEngine", "step", 1.0),
+             ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_model_forward", -1.0),
+             ("vllm.model_executor.layers.logits_processor", "LogitsProcessor", "forward", -1.0))
+
+    def __init__(self) -> None:
+        import importlib
+
+        self.total = 0.0
+        self.marks: list[float] = []
+        for module, cls_name, method, sign in self.TIMED:
+            cls = getattr(importlib.import_module(module), cls_name)
+            setattr(cls, method, self._timed(getattr(cls, method), sign))
+
+    def _timed(self, inner, sign: float):
+        @functools.wraps(inner)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.total += sign * (time.perf_counter() - t0)
+        return timed
+
+    def mark(self) -> None:
+        self.marks.append(self.total)
+
+    def step_ms(self, output_len: int) -> float:
+        """Per decode step, by difference of the last two marked runs (1 and output_len + 1
+        tokens), as :func:`decode_step_ms` takes the wall time."""
+        one, many = (self.marks[-2] - self.marks[-3], self.marks[-1] - self.marks[-2])
+        return (many - one) / output_len * 1e3
+
+
 def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
     return (a, b) if i % 2 == 0 else (b, a)
 
 
-def summarize(a: str, b: str, ms: dict[str, list[float]]) -> dict:
+def summarize(a: str, b: str, ms: dict[str, list[float]],
+              outside: dict[str, list[float]] | None = None) -> dict:
     ratios, median, b_faster = pairwise(ms[a], ms[b])
     med = {side: statistics.median(v) for side, v in ms.items()}
-    return {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
-            "pairwise_ratio_median": median, "pairs_b_faster": b_faster,
-            "pairwise_ratios": ratios}
+    out = {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
+           "pairwise_ratio_median": median, "pairs_b_faster": b_faster,
+           "pairwise_ratios": ratios}
+    if outside:
+        o_ratios, o_median, o_b_faster = pairwise(outside[a], outside[b])
+        out.update({"median_outside_model_ms": {k: statistics.median(v)
+                                                for k, v in outside.items()},
+                    "outside_model_pairwise_ratio_median": o_median,
+                    "outside_model_pairs_b_faster": o_b_faster,
+                    "outside_model_pairwise_ratios": o_ratios})
+    return out
 
 
 def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | None):
@@ -119,17 +175,22 @@ def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | Non
     return LLM(**engine_kwargs({"model_path": str(path), "stage": stage, "cpus": cpus})), path
 
 
-def decode_step_ms(llm, prompt: list[list[int]], output_len: int,
-                   sampling: dict) -> tuple[float, list[int]]:
+def decode_step_ms(llm, prompt: list[list[int]], output_len: int, sampling: dict,
+                   timer: OutsideModel | None = None) -> tuple[float, list[int]]:
     """One decode step's ms by difference of a 1-token and an ``output_len + 1``-token run on
-    ``prompt`` (the decode steps run at context len(prompt) .. + output_len), and the tokens."""
+    ``prompt`` (the decode steps run at context len(prompt) .. + output_len), and the tokens.
+    A ``timer`` is marked before and after each run."""
     from vllm import SamplingParams
 
     from omni_ray.engine.runner import timed_generate
     from omni_ray.workload.prompts import decode_seconds_per_token
 
+    marks = timer.mark if timer else (lambda: None)
+    marks()
     t1, _ = timed_generate(llm, prompt, SamplingParams(max_tokens=1, **sampling))
+    marks()
     tn, out = timed_generate(llm, prompt, SamplingParams(max_tokens=output_len + 1, **sampling))
+    marks()
     return (decode_seconds_per_token(t1, tn, output_len + 1) * 1e3,
             list(out[0].outputs[0].token_ids))
 
@@ -149,11 +210,14 @@ def run(args: argparse.Namespace) -> dict:
     prompt = token_prompts(1, PROMPT_LEN, vocab, seed=1)
     sampling = dict(GREEDY)
 
+    timer = OutsideModel()
+
     def step_ms() -> tuple[float, list[int]]:
-        return decode_step_ms(llm, prompt, OUTPUT_LEN, sampling)
+        return decode_step_ms(llm, prompt, OUTPUT_LEN, sampling, timer)
 
     flip = flipper(args.switch, sampling)
     ms: dict[str, list[float]] = {a: [], b: []}
+    outside: dict[str, list[float]] = {a: [], b: []}
     tokens: dict[str, list[int] | None] = {}
     for side in (a, b):  # warm-up of both sides, not counted
         flip(side)
@@ -163,6 +227,7 @@ def run(args: argparse.Namespace) -> dict:
             flip(side)
             t, ids = step_ms()
             ms[side].append(t)
+            outside[side].append(timer.step_ms(OUTPUT_LEN))
             if tokens.setdefault(side, ids) != ids:
                 tokens[side] = None  # greedy decoding of one prompt changed within a side
     flip(a)
@@ -170,7 +235,7 @@ def run(args: argparse.Namespace) -> dict:
             "mode": "eager" if args.eager else "compiled", "cpp_wrapper": args.cpp_wrapper,
             "cpus": cpus, "pairs": args.pairs,
             "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "step_ms": ms,
-            **summarize(a, b, ms),
+            "outside_model_ms": outside, **summarize(a, b, ms, outside),
             "same_tokens": tokens[a] is not None and tokens[a] == tokens[b],
             "patch_report": vllm_omni.patch_report()}
 
@@ -199,12 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         if not status.available:
             p.error(f"--switch weight_prefetch needs vllm_omni's native kernels: {status.reason}")
     body = run(args)
-    med = body["median_step_ms"]
+    med, out = body["median_step_ms"], body["median_outside_model_ms"]
     save_and_exit(args.out, "step_ab", body, __spec__.name, argv,
                   f"{body['switch']}: {body['a']} {med[body['a']]:.2f} ms, {body['b']} "
                   f"{med[body['b']]:.2f} ms per step; pairwise {body['a']}/{body['b']} "
                   f"{body['pairwise_ratio_median']:.3f} ({body['pairs_b_faster']}/{body['pairs']} "
-                  f"pairs {body['b']} faster); same tokens {body['same_tokens']}")
+                  f"pairs {body['b']} faster); outside the model {out[body['a']]:.3f} vs "
+                  f"{out[body['b']]:.3f} ms, pairwise "
+                  f"{body['outside_model_pairwise_ratio_median']:.3f} "
+                  f"({body['outside_model_pairs_b_faster']}/{body['pairs']}); same tokens "
+                  f"{body['same_tokens']}")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,18 @@ def test_gc_switch_turns_the_collector_off_and_back_on():
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_outside_model_time_is_taken_by_difference_of_the_last_two_runs():
+    timer = object.__new__(step_ab.OutsideModel)  # no vLLM methods wrapped
+    timer.marks = [5.0, 5.0, 5.002, 5.0084]  # older run, then the 1-token and 65-token runs
+    assert timer.step_ms(64) == pytest.approx((0.0064 - 0.002) / 64 * 1e3)
+
+
+def test_summary_adds_the_outside_model_pairs_when_measured():
+    ms = {"a": [10.0, 20.0], "b": [8.0, 25.0]}
+    s = step_ab.summarize("a", "b", ms, {"a": [1.5, 1.6], "b": [1.2, 1.7]})
+    assert s["median_outside_model_ms"] == {"a": pytest.approx(1.55), "b": pytest.approx(1.45)}
+    assert s["outside_model_pairwise_ratios"] == pytest.approx([1.25, 1.6 / 1.7])
+    assert s["outside_model_pairs_b_faster"] == 1
+    assert "median_outside_model_ms" not in step_ab.summarize("a", "b", ms)
