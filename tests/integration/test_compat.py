@@ -41,15 +41,16 @@ def test_off_switch(monkeypatch):
     assert status.reason == "disabled by VLLM_OMNI_DISABLE_AOT_CACHE=1"
 
 
-def test_cpu_attention_refuses_a_vllm_whose_attention_code_changed(monkeypatch):
-    """The short path reproduces vLLM functions; one that differs from the fingerprinted
-    version stops the patch and is named."""
-    from vllm_omni.patches import cpu_attention
-
-    changed = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward"
-    monkeypatch.setitem(cpu_attention.REPLICATED, changed, "0" * 16)
+@pytest.mark.parametrize("name, changed", [
+    ("cpu_attention", "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.forward"),
+    ("step_overhead", "vllm.v1.sample.sampler.Sampler.sample")])
+def test_a_patch_refuses_a_vllm_whose_replicated_code_changed(monkeypatch, name, changed):
+    """A patch that reproduces vLLM functions stops when one differs from the fingerprinted
+    version, and names it."""
+    patch = {p.NAME: p for p in patches.PATCHES}[name]
+    monkeypatch.setitem(patch.REPLICATED, changed, "0" * 16)
     with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed}$"):
-        cpu_attention.find_target()
+        patch.find_target()
 
 
 def test_cpu_attention_can_be_removed_and_applied_again():
@@ -98,15 +99,6 @@ def test_inductor_settings_passed_survive_what_stock_vllm_overwrites(monkeypatch
     stock = inspect.unwrap(CpuPlatform.check_and_update_config.__func__)
     monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(stock))
     assert dynamic_threads() is True
-
-
-def test_step_overhead_refuses_a_vllm_whose_sampler_changed(monkeypatch):
-    from vllm_omni.patches import step_overhead
-
-    changed = "vllm.v1.sample.sampler.Sampler.sample"
-    monkeypatch.setitem(step_overhead.REPLICATED, changed, "0" * 16)
-    with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed}$"):
-        step_overhead.find_target()
 
 
 def test_step_overhead_can_be_removed_and_applied_again():
