@@ -29,6 +29,8 @@ Switches, each flipped at run time without restarting the engine:
   ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
 - ``gc``: Python's cyclic garbage collector on (A, the default) or off (B) in the engine's
   process: what the collections that vLLM's per-step objects trigger cost a decode step.
+- ``attention_sync``: the cpu_attention patch's C++ kernels check the forward context (taking
+  the GIL) on every op call (A), or get the step's metadata once before the model's forward (B).
 - ``step_overhead``: A is vLLM's own per-step Python (buffer self-copies, the slot-mapping
   launch, the sampler), B is vllm_omni's ``step_overhead`` patch (removed and applied again;
   the engine starts with it switched off).
@@ -56,6 +58,7 @@ SWITCHES = {
     "detokenize": ("on", "off"),
     "gc": ("on", "off"),
     "step_overhead": ("vllm", "vllm_omni"),
+    "attention_sync": ("per_op", "per_forward"),
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead")
@@ -85,6 +88,10 @@ def flipper(switch: str, sampling: dict):
             cpu_attention.apply(cpu_attention.find_target(), native=side == "cpp")
         return flip_kernels
 
+    if switch == "attention_sync":
+        def flip_sync(side: str) -> None:
+            cpu_attention.PER_FORWARD_SYNC = side == "per_forward"
+        return flip_sync
     patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead}[switch]
 
     def flip(side: str) -> None:

@@ -24,8 +24,8 @@ TAIL_LINES = 40
 
 # What the engine log says that the result needs: compile cache hits and misses, the KV size
 # vLLM allocated, the inductor settings kept over the CPU platform's, the allocator memory
-# vllm_omni returned after load, whether decode attention took vllm_omni's short path and
-# whether sampling took the step_overhead patch's argmax (each once per engine process).
+# vllm_omni returned after load, whether decode attention took vllm_omni's short path (and ran
+# its ops without the GIL) and whether sampling took the step_overhead patch's argmax (each once per engine process).
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
@@ -33,6 +33,7 @@ _MARKERS = {
     "inductor_config_kept": re.compile(r"vllm_omni: keeping inductor_compile_config"),
     "cpu_attention_short_path": re.compile(r"vllm_omni: cpu_attention short path in use"),
     "cpu_attention_native": re.compile(r"vllm_omni: cpu_attention short path in use \(C\+\+"),
+    "cpu_attention_no_gil": re.compile(r"vllm_omni: cpu_attention ops served without the GIL"),
     "greedy_argmax": re.compile(r"vllm_omni: step_overhead greedy argmax in use"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")

@@ -105,6 +105,9 @@ def test_cpu_attention_short_path_computes_what_vllm_does(run_arm, tiny_model):
     # layer names as vLLM's LayerName objects: the Python kernels; as strings: the C++ ones
     assert on["log"]["cpu_attention_short_path"] == 1 and on["log"]["cpu_attention_native"] == 0
     assert native["log"]["cpu_attention_native"] == 1, native["log_path"]
+    # the metadata pushed before each forward: the C++ ops ran without taking the GIL
+    assert native["log"]["cpu_attention_no_gil"] == 1, native["log_path"]
+    assert on["log"]["cpu_attention_no_gil"] == 0
     assert off["log"]["cpu_attention_short_path"] == 0
     ids = on["measurements"]["output_token_ids"]
     assert ids and ids == off["measurements"]["output_token_ids"]

@@ -18,6 +18,8 @@ inductor's C++ wrapper needs anyway) and ``csrc/cpu_attention.cpp`` builds, the 
 and run no Python per layer: the step's metadata is pushed to them once per forward
 (``sync`` in :func:`_install_native`). Otherwise (vLLM's opaque ``LayerName``, a Python object, or
 ``VLLM_OMNI_DISABLE_NATIVE_ATTENTION=1``) they are the Python functions in :func:`apply`.
+Inside ``GPUModelRunner._model_forward`` (wrapped, not replaced) the metadata is pushed before the
+forward, so the C++ kernels take no GIL at all there (``PER_FORWARD_SYNC``).
 Guard: the code this replicates is fingerprinted (``REPLICATED``); if any of those functions
 differs from the version checked (vLLM 0.32.0), the patch does not apply and says which.
 Remove when: vLLM's CPU attention op calls its kernels directly.
@@ -25,6 +27,7 @@ Remove when: vLLM's CPU attention op calls its kernels directly.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from vllm_omni.patches.replicated import check, resolve
@@ -47,10 +50,18 @@ REPLICATED = {
         "e746d486d22b88d5",
     "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl.do_kv_cache_update":
         "9cccd68715a2b983",
+    # not replicated but wrapped: the step's metadata is pushed before it runs, on the premise
+    # that it only calls the model, within the forward context execute_model set
+    "vllm.v1.worker.gpu_model_runner.GPUModelRunner._model_forward": "a8f98588a4656ef6",
 }
 
 _LIB = None  # the torch.library.Library holding the kernels; must outlive them
 _NATIVE = None  # the C++ kernels' module while they are the ops' kernels
+_FORWARD = None  # GPUModelRunner._model_forward as vLLM defines it, once wrapped
+# Whether the wrapped _model_forward pushes the step's metadata to the C++ kernels before the
+# forward (True), or the kernels check the forward context on every op call (False, the way
+# before; omni_ray.bench.step_ab --switch attention_sync compares the two).
+PER_FORWARD_SYNC = True
 
 
 def find_target():
@@ -173,6 +184,48 @@ def _install_native(kernels, stock_update, stock_attention) -> None:
         return True
 
     kernels.install(forward_context, sync, stock_update, stock_attention)
+    _wrap_model_forward(forward_context)
+
+
+def _wrap_model_forward(forward_context) -> None:
+    """Run the step's sync once, with the GIL already held, before the model's forward: each
+    op call would otherwise take the GIL to check the forward context (measured: ~5 us of a
+    ~20 us op call, twice per layer). Installed once; while the C++ kernels are not installed
+    (``remove``) the wrapper only calls vLLM's method, so a timer another harness wraps around
+    it later stays in place."""
+    global _FORWARD
+    if _FORWARD is not None:
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    inner = GPUModelRunner._model_forward
+
+    @functools.wraps(inner)
+    def _model_forward(self, *args, **kwargs):
+        kernels = _NATIVE
+        ctx = forward_context._forward_context
+        if kernels is None or ctx is None or not PER_FORWARD_SYNC or not kernels.arm(ctx):
+            return inner(self, *args, **kwargs)
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            kernels.disarm()
+            _announce_armed(kernels)
+
+    _FORWARD = inner
+    GPUModelRunner._model_forward = _model_forward
+
+
+_ARMED_ANNOUNCED = False
+
+
+def _announce_armed(kernels) -> None:
+    """Log once per process, after the first forward whose ops ran without the GIL."""
+    global _ARMED_ANNOUNCED
+    if not _ARMED_ANNOUNCED and kernels.armed_calls() > 0:
+        _ARMED_ANNOUNCED = True
+        logger.info("vllm_omni: cpu_attention ops served without the GIL (%d calls in the "
+                    "first forward)", kernels.armed_calls())
 
 
 def apply(original, native: bool | None = None) -> None:

@@ -81,3 +81,14 @@ def test_summary_adds_the_outside_model_pairs_when_measured():
     assert s["outside_model_pairwise_ratios"] == pytest.approx([1.25, 1.6 / 1.7])
     assert s["outside_model_pairs_b_faster"] == 1
     assert "median_outside_model_ms" not in step_ab.summarize("a", "b", ms)
+
+
+def test_attention_sync_switch_flips_where_the_metadata_is_pushed(monkeypatch):
+    from vllm_omni.patches import cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "PER_FORWARD_SYNC", True)
+    flip = step_ab.flipper("attention_sync", {})
+    flip("per_op")
+    assert cpu_attention.PER_FORWARD_SYNC is False
+    flip("per_forward")
+    assert cpu_attention.PER_FORWARD_SYNC is True

@@ -14,7 +14,10 @@
 //   into Python (``sync(ctx) -> bool``), which pushes the step's metadata once per metadata group
 //   and says which layers take the short path;
 // - every call then needs only the GIL for a read of ``vllm.forward_context._forward_context``
-//   (a new context means a new step) and calls vLLM's kernel through the dispatcher.
+//   (a new context means a new step) and calls vLLM's kernel through the dispatcher;
+// - inside GPUModelRunner._model_forward, which the patch wraps, not even that: the wrapper
+//   pushes the step's metadata before the forward (``arm``, the GIL already held there), so the
+//   ops read only the state here until ``disarm`` after it.
 //
 // A call the short path does not cover (no context, a layer sync left out, output
 // quantization) goes to vLLM's own Python function, which the patch hands over at install.
@@ -62,6 +65,10 @@ struct State {
   // Identity of what the groups were built from; a change means a new step.
   py::object context, metadata, slots;
   bool step_ok = false;
+  // Set by arm() (from Python, before the model's forward, the step's metadata pushed) until
+  // disarm(): the ops then read only this state and never take the GIL.
+  bool armed = false;
+  int64_t armed_calls = 0;  // op calls served while armed, since install
   std::unique_ptr<torch::Library> lib;
   // vLLM's kernels, called boxed: that needs no knowledge of the C++ types they were
   // registered with, only of their schemas (checked by the patch's fingerprints).
@@ -74,6 +81,12 @@ State* g_state = nullptr;  // lives from the first install to process exit
 // context check (and, once a step, the sync callback).
 Layer* short_path_layer(c10::string_view name) {
   State& s = *g_state;
+  if (s.armed) {
+    auto it = s.layers.find(std::string(name));
+    if (it == s.layers.end() || it->second.group < 0) return nullptr;
+    ++s.armed_calls;
+    return &it->second;
+  }
   py::gil_scoped_acquire gil;
   py::object ctx = s.module.attr("_forward_context");
   if (ctx.is_none()) return nullptr;
@@ -147,6 +160,7 @@ void install(py::object forward_context_module, py::object sync, py::object stoc
   s.stock_update = stock_update;
   s.stock_attention = stock_attention;
   s.context = s.metadata = s.slots = py::none();
+  s.armed_calls = 0;
   if (!s.lib) {
     s.lib = std::make_unique<torch::Library>(torch::Library::IMPL, "vllm",
                                              c10::DispatchKey::CPU, __FILE__, __LINE__);
@@ -157,6 +171,7 @@ void install(py::object forward_context_module, py::object sync, py::object stoc
 
 void uninstall() {
   if (g_state == nullptr) return;
+  g_state->armed = false;
   g_state->lib.reset();  // drops this library's kernels; the earlier ones serve again
   g_state->layers.clear();
   g_state->groups.clear();
@@ -182,6 +197,24 @@ void set_layer(const std::string& name, at::Tensor key_cache, at::Tensor value_c
   l.softcap = softcap;
   l.sinks = std::move(sinks);
 }
+
+// Before the model's forward (GIL held): push the step's metadata now, so that the ops of this
+// forward need no Python at all. Returns whether the short path serves this forward.
+bool arm(py::object ctx) {
+  State& s = *g_state;
+  s.armed = s.step_ok = false;
+  s.context = ctx;
+  s.metadata = ctx.attr("attn_metadata");
+  s.slots = ctx.attr("slot_mapping");
+  s.step_ok = s.sync(ctx).cast<bool>();
+  s.armed = s.step_ok;
+  return s.armed;
+}
+
+// After the forward: the ops check the forward context again (through the GIL) until arm().
+void disarm() { g_state->armed = false; }
+
+int64_t armed_calls() { return g_state == nullptr ? 0 : g_state->armed_calls; }
 
 // A new step: no layer is on the short path until set_group names it.
 void begin_step() {
@@ -230,4 +263,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_layer", &set_layer);
   m.def("begin_step", &begin_step);
   m.def("add_group", &add_group);
+  m.def("arm", &arm);
+  m.def("disarm", &disarm);
+  m.def("armed_calls", &armed_calls);
 }
