@@ -31,6 +31,9 @@ Switches, each flipped at run time without restarting the engine:
   process: what the collections that vLLM's per-step objects trigger cost a decode step.
 - ``attention_sync``: the cpu_attention patch's C++ kernels check the forward context (taking
   the GIL) on every op call (A), or get the step's metadata once before the model's forward (B).
+- ``cache_update``: inside the cpu_attention patch's C++ kernels, each layer's new K/V rows are
+  written by vLLM's ``cpu_attn_reshape_and_cache`` (A) or copied directly on the calling thread
+  (B, the same bytes in the cache).
 - ``step_overhead``: A is vLLM's own per-step Python (buffer self-copies, the slot-mapping
   launch, the sampler), B is vllm_omni's ``step_overhead`` patch (removed and applied again;
   the engine starts with it switched off).
@@ -59,6 +62,7 @@ SWITCHES = {
     "gc": ("on", "off"),
     "step_overhead": ("vllm", "vllm_omni"),
     "attention_sync": ("per_op", "per_forward"),
+    "cache_update": ("vllm", "direct"),
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead")
@@ -92,6 +96,13 @@ def flipper(switch: str, sampling: dict):
         def flip_sync(side: str) -> None:
             cpu_attention.PER_FORWARD_SYNC = side == "per_forward"
         return flip_sync
+    if switch == "cache_update":
+        def flip_update(side: str) -> None:
+            if cpu_attention._NATIVE is None:
+                raise RuntimeError("cache_update: the cpu_attention patch is not on its C++ "
+                                   "kernels in this engine")
+            cpu_attention._NATIVE.set_direct_update(side == "direct")
+        return flip_update
     patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead}[switch]
 
     def flip(side: str) -> None:

@@ -129,6 +129,41 @@ def test_model_forward_wrapper_pushes_metadata_before_each_forward(monkeypatch):
     assert [c[0] for c in calls] == ["arm", "forward", "disarm"]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kv_heads,head_size,block_size", [(2, 64, 128), (4, 128, 32), (1, 32, 64)])
+def test_direct_cache_update_writes_the_bytes_vllms_kernel_writes(dtype, kv_heads, head_size,
+                                                                  block_size):
+    """The cpu_attention C++ kernels copy decode K/V rows into vLLM's "vec" cache layout
+    themselves: the cache must hold exactly what vLLM's reshape_and_cache writes, padding slots
+    (-1) skipped, for keys and values that are strided views of a fused QKV tensor."""
+    import torch
+    import vllm._custom_ops as ops
+
+    from vllm_omni.ops import native
+
+    kernels, reason = native.attention_kernels()
+    if kernels is None:
+        pytest.skip(f"C++ kernels unavailable: {reason}")
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(kv_heads * head_size + block_size)
+    blocks, tokens = 5, 70
+    qkv = torch.randn(tokens, (4 + 2) * kv_heads, head_size, generator=gen).to(dt)
+    key, value = qkv[:, 4 * kv_heads:5 * kv_heads], qkv[:, 5 * kv_heads:]
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens + 3]
+    slots[[3, 17]] = -1
+    caches = []
+    for _ in range(2):
+        kv = torch.randn(blocks, kv_heads, block_size, 2 * head_size, generator=gen).to(dt)
+        caches.append((kv, *kv.view(blocks, kv_heads, 2 * block_size, head_size).chunk(2, dim=2)))
+    caches[1][0].copy_(caches[0][0])
+    ops.cpu_attn_reshape_and_cache(key, value, caches[0][1], caches[0][2], slots, "vec")
+    assert kernels.direct_update(key, value, caches[1][1], caches[1][2], slots)
+    assert torch.equal(caches[0][0], caches[1][0])
+    # what it does not serve it leaves alone: a slot mapping of int32, a quantized dtype
+    assert not kernels.direct_update(key, value, caches[1][1], caches[1][2], slots.int())
+    assert not kernels.direct_update(key.half(), value.half(), caches[1][1], caches[1][2], slots)
+
+
 def test_cpu_attention_refuses_when_a_replicated_function_is_gone(monkeypatch):
     from vllm_omni.patches import cpu_attention
 

@@ -92,3 +92,18 @@ def test_attention_sync_switch_flips_where_the_metadata_is_pushed(monkeypatch):
     assert cpu_attention.PER_FORWARD_SYNC is False
     flip("per_forward")
     assert cpu_attention.PER_FORWARD_SYNC is True
+
+
+def test_cache_update_switch_needs_the_cpp_kernels(monkeypatch):
+    from vllm_omni.patches import cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "_NATIVE", None)
+    with pytest.raises(RuntimeError, match="not on its C\\+\\+ kernels"):
+        step_ab.flipper("cache_update", {})("direct")
+    seen = []
+    monkeypatch.setattr(cpu_attention, "_NATIVE", type("K", (), {
+        "set_direct_update": staticmethod(seen.append)}))
+    flip = step_ab.flipper("cache_update", {})
+    flip("direct")
+    flip("vllm")
+    assert seen == [True, False]

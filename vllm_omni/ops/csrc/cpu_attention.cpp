@@ -29,6 +29,7 @@
 #include <torch/library.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,7 @@ struct Layer {
   std::optional<at::Tensor> alibi_slopes, sinks;
   int64_t sliding_window = -1;
   int64_t group = -1;  // the current step's metadata group, -1: not on the short path
+  bool direct_update = false;  // the cache layout is one direct_cache_update writes
 };
 
 struct Group {
@@ -68,6 +70,7 @@ struct State {
   // Set by arm() (from Python, before the model's forward, the step's metadata pushed) until
   // disarm(): the ops then read only this state and never take the GIL.
   bool armed = false;
+  bool direct_update_enabled = true;  // set_direct_update(false) keeps vLLM's kernel
   int64_t armed_calls = 0;  // op calls served while armed, since install
   std::unique_ptr<torch::Library> lib;
   // vLLM's kernels, called boxed: that needs no knowledge of the C++ types they were
@@ -76,6 +79,67 @@ struct State {
 };
 
 State* g_state = nullptr;  // lives from the first install to process exit
+
+// --------------------------------------------------------------------------- cache update
+//
+// vLLM's cpu_attn_reshape_and_cache opens an OpenMP region to copy one token's K and V rows per
+// KV head in a decode step. With the "vec" layout (vLLM's csrc/cpu/cpu_attn_vec.hpp) and an
+// unquantized cache the copy is all it does: per block and KV head, K is stored [head_dim,
+// block_size] (a token's K is a column) and V [block_size, head_dim]; key_cache and value_cache
+// are the two halves' views, with the same strides. direct_cache_update makes the same copy on
+// the calling thread. tests/integration/test_compat.py checks the bytes against vLLM's kernel.
+
+bool vec_layout(const Layer& l) {
+  return l.isa == "vec" && l.kv_cache_dtype == "auto" && l.key_cache.dim() == 4 &&
+         l.key_cache.stride(3) == 1 && l.key_cache.stride(2) == l.key_cache.size(3) &&
+         l.value_cache.strides() == l.key_cache.strides() &&
+         l.value_cache.sizes() == l.key_cache.sizes() &&
+         l.value_cache.scalar_type() == l.key_cache.scalar_type();
+}
+
+// Whether the call's tensors are what direct_cache_update reads (vLLM's kernel checks the same
+// unit strides and takes the token count from key).
+bool direct_update_call(const at::Tensor& key, const at::Tensor& value, const Layer& l,
+                        const at::Tensor& slots) {
+  return key.scalar_type() == l.key_cache.scalar_type() &&
+         value.scalar_type() == key.scalar_type() && key.dim() == 3 && value.dim() == 3 &&
+         key.stride(2) == 1 && value.stride(2) == 1 && key.size(1) == l.key_cache.size(1) &&
+         key.size(2) == l.key_cache.size(3) && value.sizes() == key.sizes() &&
+         slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) >= key.size(0) &&
+         slots.is_contiguous() && (key.element_size() == 2 || key.element_size() == 4);
+}
+
+template <typename T>
+void copy_rows(const at::Tensor& key, const at::Tensor& value, const Layer& l,
+               const at::Tensor& slots) {
+  const int64_t tokens = key.size(0), kv_heads = key.size(1), D = key.size(2);
+  const int64_t block_size = l.key_cache.size(2);
+  const int64_t block_stride = l.key_cache.stride(0), head_stride = l.key_cache.stride(1);
+  const T* k = static_cast<const T*>(key.data_ptr());
+  const T* v = static_cast<const T*>(value.data_ptr());
+  T* kc = static_cast<T*>(l.key_cache.data_ptr());
+  T* vc = static_cast<T*>(l.value_cache.data_ptr());
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slot[t] < 0) continue;  // padding: vLLM skips it too
+    const int64_t b = slot[t] / block_size, o = slot[t] % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const T* ks = k + t * key.stride(0) + h * key.stride(1);
+      T* kd = kc + b * block_stride + h * head_stride + o;
+      for (int64_t d = 0; d < D; ++d) kd[d * block_size] = ks[d];
+      std::memcpy(vc + b * block_stride + h * head_stride + o * D,
+                  v + t * value.stride(0) + h * value.stride(1), D * sizeof(T));
+    }
+  }
+}
+
+void direct_cache_update(const at::Tensor& key, const at::Tensor& value, const Layer& l,
+                         const at::Tensor& slots) {
+  if (key.element_size() == 2)
+    copy_rows<uint16_t>(key, value, l, slots);
+  else
+    copy_rows<uint32_t>(key, value, l, slots);
+}
 
 // The layer when this call takes the short path, else nullptr. Holds the GIL only for the
 // context check (and, once a step, the sync callback).
@@ -112,7 +176,10 @@ at::Tensor unified_kv_cache_update(const at::Tensor& key, const at::Tensor& valu
     return g_state->stock_update(key, value, std::string(layer_name)).cast<at::Tensor>();
   }
   const Group& grp = g_state->groups[layer->group];
-  if (grp.slot_mapping) {
+  if (grp.slot_mapping && layer->direct_update && g_state->direct_update_enabled &&
+      direct_update_call(key, value, *layer, *grp.slot_mapping)) {
+    direct_cache_update(key, value, *layer, *grp.slot_mapping);
+  } else if (grp.slot_mapping) {
     torch::jit::Stack stack{key, value, layer->key_cache, layer->value_cache,
                             *grp.slot_mapping, layer->isa, layer->k_scale, layer->v_scale,
                             layer->kv_cache_dtype};
@@ -196,6 +263,24 @@ void set_layer(const std::string& name, at::Tensor key_cache, at::Tensor value_c
   l.sliding_window = sliding_window;
   l.softcap = softcap;
   l.sinks = std::move(sinks);
+  l.direct_update = vec_layout(l);
+}
+
+// Whether cache updates may be copied here (true after install); false keeps vLLM's kernel.
+void set_direct_update(bool enabled) { g_state->direct_update_enabled = enabled; }
+
+// direct_cache_update on given tensors, as vLLM's cpu_attn_reshape_and_cache(..., "vec") takes
+// them (tests compare the two). False: the call is not one it serves, nothing was written.
+bool direct_update(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                   const at::Tensor& value_cache, const at::Tensor& slots) {
+  Layer l;
+  l.key_cache = key_cache;
+  l.value_cache = value_cache;
+  l.isa = "vec";
+  l.kv_cache_dtype = "auto";
+  if (!vec_layout(l) || !direct_update_call(key, value, l, slots)) return false;
+  direct_cache_update(key, value, l, slots);
+  return true;
 }
 
 // Before the model's forward (GIL held): push the step's metadata now, so that the ops of this
@@ -266,4 +351,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("arm", &arm);
   m.def("disarm", &disarm);
   m.def("armed_calls", &armed_calls);
+  m.def("set_direct_update", &set_direct_update);
+  m.def("direct_update", &direct_update);
 }
