@@ -25,7 +25,8 @@ TAIL_LINES = 40
 # What the engine log says that the result needs: compile cache hits and misses, the KV size
 # vLLM allocated, the inductor settings kept over the CPU platform's, the allocator memory
 # vllm_omni returned after load, whether decode attention took vllm_omni's short path (and ran
-# its ops without the GIL) and whether sampling took the step_overhead patch's argmax (each once per engine process).
+# its ops without the GIL) and whether sampling took the step_overhead patch's argmax (each once
+# per engine process).
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
