@@ -15,6 +15,13 @@ from omni_ray.errors import UserError
 from omni_ray.topology.sysfs import format_cpulist
 
 _PROC_STAT = "/proc/stat"
+# The average a sweep slot's cores may show before an arm starts there. Higher than check_idle's
+# default because omni-ray's own machinery runs on every core during a sweep and is no neighbour:
+# measured on a 2-core VM on one CPU while the other slot's engine started, in jiffies of 2 s:
+# the kernel's kdamond 2-3.5 %, Ray's dashboard agent ~2.5 %, raylet and GCS ~1.5 %, the
+# pre-flight actor itself ~1.5 %; together above 5 % for over 30 s, which once refused a fresh
+# machine's smoke demo. A real neighbour (a compile, a benchmark) uses far more than 15 %.
+SLOT_MAX_AVG = 0.15
 
 
 def read_proc_stat() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import launch_arm
-from omni_ray.measure.cpuload import check_idle
+from omni_ray.measure.cpuload import SLOT_MAX_AVG, check_idle
 from omni_ray.measure.pinning import bind_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.topology import detect, make_slots
@@ -59,7 +59,7 @@ class StageActor:
             self._rss.set(tree_rss(pid)[0], tags=self.tags)
 
     def preflight(self, window_s: float = 0.5) -> dict:
-        return check_idle(self.slot.cpus, window_s).to_dict()
+        return check_idle(self.slot.cpus, window_s, max_avg=SLOT_MAX_AVG).to_dict()
 
     def run(self, req: dict, workdir: str, name: str, timeout_s: float,
             warm_start: bool) -> dict:
