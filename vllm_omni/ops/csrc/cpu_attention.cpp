@@ -141,31 +141,38 @@ void direct_cache_update(const at::Tensor& key, const at::Tensor& value, const L
     copy_rows<uint32_t>(key, value, l, slots);
 }
 
+// A new step's identity recorded and its metadata pushed (GIL held); sets step_ok.
+void resync(State& s, py::object ctx, py::object metadata, py::object slots) {
+  s.step_ok = false;  // stays so if sync raises: the rest of the step goes to vLLM's code
+  s.context = ctx;
+  s.metadata = std::move(metadata);
+  s.slots = std::move(slots);
+  s.step_ok = s.sync(ctx).cast<bool>();
+}
+
+// The layer when this step's metadata put it on the short path, else nullptr.
+Layer* step_layer(State& s, c10::string_view name) {
+  auto it = s.layers.find(std::string(name));
+  return it == s.layers.end() || it->second.group < 0 ? nullptr : &it->second;
+}
+
 // The layer when this call takes the short path, else nullptr. Holds the GIL only for the
-// context check (and, once a step, the sync callback).
+// context check (and, once a step, the sync callback); not at all while armed.
 Layer* short_path_layer(c10::string_view name) {
   State& s = *g_state;
   if (s.armed) {
-    auto it = s.layers.find(std::string(name));
-    if (it == s.layers.end() || it->second.group < 0) return nullptr;
-    ++s.armed_calls;
-    return &it->second;
+    Layer* layer = step_layer(s, name);
+    s.armed_calls += layer != nullptr;
+    return layer;
   }
   py::gil_scoped_acquire gil;
   py::object ctx = s.module.attr("_forward_context");
   if (ctx.is_none()) return nullptr;
   py::object metadata = ctx.attr("attn_metadata");
   py::object slots = ctx.attr("slot_mapping");
-  if (!ctx.is(s.context) || !metadata.is(s.metadata) || !slots.is(s.slots)) {
-    s.step_ok = false;  // stays so if sync raises: the rest of the step goes to vLLM's code
-    s.context = ctx;
-    s.metadata = metadata;
-    s.slots = slots;
-    s.step_ok = s.sync(ctx).cast<bool>();
-  }
-  if (!s.step_ok) return nullptr;
-  auto it = s.layers.find(std::string(name));
-  return it == s.layers.end() || it->second.group < 0 ? nullptr : &it->second;
+  if (!ctx.is(s.context) || !metadata.is(s.metadata) || !slots.is(s.slots))
+    resync(s, ctx, metadata, slots);
+  return s.step_ok ? step_layer(s, name) : nullptr;
 }
 
 at::Tensor unified_kv_cache_update(const at::Tensor& key, const at::Tensor& value,
@@ -287,11 +294,8 @@ bool direct_update(const at::Tensor& key, const at::Tensor& value, const at::Ten
 // forward need no Python at all. Returns whether the short path serves this forward.
 bool arm(py::object ctx) {
   State& s = *g_state;
-  s.armed = s.step_ok = false;
-  s.context = ctx;
-  s.metadata = ctx.attr("attn_metadata");
-  s.slots = ctx.attr("slot_mapping");
-  s.step_ok = s.sync(ctx).cast<bool>();
+  s.armed = false;
+  resync(s, ctx, ctx.attr("attn_metadata"), ctx.attr("slot_mapping"));
   s.armed = s.step_ok;
   return s.armed;
 }
