@@ -14,8 +14,8 @@ from pathlib import Path
 VLLM_OMNI_DISABLE = "VLLM_OMNI_DISABLE"
 # Per-patch off switches: VLLM_OMNI_DISABLE_AOT_CACHE, VLLM_OMNI_DISABLE_KV_BUDGET,
 # VLLM_OMNI_DISABLE_INDUCTOR_CONFIG, VLLM_OMNI_DISABLE_RELEASE_MEMORY,
-# VLLM_OMNI_DISABLE_CPU_ATTENTION, VLLM_OMNI_DISABLE_STEP_OVERHEAD (the suffix is the patch's
-# name, upper-cased).
+# VLLM_OMNI_DISABLE_CPU_ATTENTION, VLLM_OMNI_DISABLE_STEP_OVERHEAD,
+# VLLM_OMNI_DISABLE_COMPILED_CALL (the suffix is the patch's name, upper-cased).
 DISABLE_PREFIX = "VLLM_OMNI_DISABLE_"
 # Runs cpu_int4 on torch's int4 kernels instead of vllm_omni's native ones (vllm_omni/ops/native.py).
 VLLM_OMNI_DISABLE_NATIVE_INT4 = "VLLM_OMNI_DISABLE_NATIVE_INT4"

@@ -37,6 +37,10 @@ Switches, each flipped at run time without restarting the engine:
 - ``step_overhead``: A is vLLM's own per-step Python (buffer self-copies, the slot-mapping
   launch, the sampler), B is vllm_omni's ``step_overhead`` patch (removed and applied again;
   the engine starts with it switched off).
+- ``compiled_call``: A is vLLM's call of the compiled model (Dynamo's Python reading every
+  parameter, then the graph), B is vllm_omni's ``compiled_call`` patch replaying the graph's
+  input list (removed and applied again; after each flip its first forwards are vLLM's path
+  while it learns, two or three of a 65-token run's forwards).
 
 The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
@@ -63,9 +67,10 @@ SWITCHES = {
     "step_overhead": ("vllm", "vllm_omni"),
     "attention_sync": ("per_op", "per_forward"),
     "cache_update": ("vllm", "direct"),
+    "compiled_call": ("vllm", "vllm_omni"),
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
-PATCH_SWITCHES = ("cpu_attention", "step_overhead")
+PATCH_SWITCHES = ("cpu_attention", "step_overhead", "compiled_call")
 PROMPT_LEN = 128
 OUTPUT_LEN = 64
 STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
@@ -84,7 +89,7 @@ def flipper(switch: str, sampling: dict):
         return lambda side: gc.enable() if side == "on" else gc.disable()
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
-    from vllm_omni.patches import cpu_attention, step_overhead
+    from vllm_omni.patches import compiled_call, cpu_attention, step_overhead
 
     if switch == "attention_kernels":
         def flip_kernels(side: str) -> None:
@@ -103,7 +108,8 @@ def flipper(switch: str, sampling: dict):
                                    "kernels in this engine")
             cpu_attention._NATIVE.set_direct_update(side == "direct")
         return flip_update
-    patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead}[switch]
+    patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead,
+             "compiled_call": compiled_call}[switch]
 
     def flip(side: str) -> None:
         patch.remove()

@@ -65,12 +65,17 @@ def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
     warm = run_arm(tiny_model, stage=compiled, workload=wl, cache_dir=cache)
     stock = run_arm(tiny_model, stage=compiled | {"disable_patches": ["aot_cache"]},
                     workload=wl, cache_dir=cache)
+    no_replay = run_arm(tiny_model, stage=compiled | {"disable_patches": ["compiled_call"]},
+                        workload=wl, cache_dir=cache)
     assert cold["log"]["aot_loaded"] == 0
     assert warm["log"]["aot_loaded"] >= 1 and warm["log"]["aot_load_failed"] == 0
     assert stock["log"]["aot_load_failed"] >= 1 and stock["log"]["aot_loaded"] == 0
-    # The loaded artifact computes what the compiled one did.
-    m = [r["measurements"] for r in (cold, warm, stock)]
-    assert m[0]["output_token_ids"] == m[1]["output_token_ids"] == m[2]["output_token_ids"]
+    # compiled_call replays the model's forward, freshly compiled or loaded, unless disabled
+    assert [r["log"]["compiled_call_replay"] for r in (cold, warm, stock, no_replay)] == [
+        1, 1, 1, 0], warm["log_path"]
+    # The loaded artifact computes what the compiled one did, replayed or not.
+    m = [r["measurements"] for r in (cold, warm, stock, no_replay)]
+    assert len({tuple(x["output_token_ids"]) for x in m}) == 1
     print(f"\nengine init: cold {m[0]['init_s']:.1f} s, warm with patch {m[1]['init_s']:.1f} s, "
           f"warm without {m[2]['init_s']:.1f} s")
     assert m[1]["init_s"] < m[2]["init_s"]

@@ -15,14 +15,14 @@ import dataclasses
 import logging
 
 from vllm_omni import envs
-from vllm_omni.patches import (aot_cache, cpu_attention, inductor_config, kv_budget,
-                                release_memory, step_overhead)
+from vllm_omni.patches import (aot_cache, compiled_call, cpu_attention, inductor_config,
+                                kv_budget, release_memory, step_overhead)
 
 logger = logging.getLogger("vllm.omni")
 
 MARKER = "__vllm_omni_patch__"
 PATCHES = (aot_cache, kv_budget, inductor_config, release_memory, cpu_attention,
-           step_overhead)
+           step_overhead, compiled_call)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,9 @@ def fingerprint(fn) -> str:
     return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
 
 
-def check(replicated: dict[str, str]) -> None:
+def check(replicated: dict[str, str], owner: str = "vLLM") -> None:
     """Raise LookupError naming every function in ``replicated`` (dotted path -> fingerprint)
-    that is gone, has no source, or differs from its fingerprint."""
+    that is gone, has no source, or differs from its fingerprint (``owner``: whose code it is)."""
     changed = []
     for name, digest in replicated.items():
         try:
@@ -40,4 +40,4 @@ def check(replicated: dict[str, str]) -> None:
         if found != digest:
             changed.append(name)
     if changed:
-        raise LookupError("vLLM changed code this patch reproduces: " + ", ".join(changed))
+        raise LookupError(f"{owner} changed code this patch reproduces: " + ", ".join(changed))

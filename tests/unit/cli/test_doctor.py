@@ -8,7 +8,7 @@ import sys
 from omni_ray import cli
 
 PATCHES = {"aot_cache", "kv_budget", "inductor_config", "release_memory", "cpu_attention",
-           "step_overhead"}
+           "step_overhead", "compiled_call"}
 
 
 def native_expected() -> bool:
