@@ -60,7 +60,10 @@ MIN_CALLS = 3  # forwards recorded before a plan is trusted (of at least two inp
 MAX_LEARNING_CALLS = 64  # then give up: the input shapes never varied
 
 _STOCK = None  # AOTCompiledFunction.__call__ as torch defines it, while the patch is applied
-_STATES: dict[int, "_State"] = {}  # id(AOTCompiledFunction) -> what is known of it
+# What is known of a compiled function lives on it (so it goes with it) under this attribute,
+# valid while its generation is the patch's: remove() forgets every plan by starting a new one.
+STATE_ATTR = "_vllm_omni_compiled_call"
+_GENERATION = 0
 _MISS = object()  # a call the plan does not cover
 
 
@@ -178,7 +181,8 @@ class _State:
     """One compiled function: learning from its forwards, replaying them, or refused."""
 
     def __init__(self, compiled) -> None:
-        self.compiled = compiled  # kept alive, so its id stays its own
+        self.compiled = compiled
+        self.generation = _GENERATION
         self.plan: Plan | None = None
         self.refused: str | None = None
         self.calls: list = []
@@ -251,9 +255,10 @@ def apply(target) -> None:
 
     @functools.wraps(stock)
     def __call__(self, *args, **kwargs):
-        state = _STATES.get(id(self))
-        if state is None:
-            state = _STATES[id(self)] = _State(self)
+        state = self.__dict__.get(STATE_ATTR)
+        if state is None or state.generation != _GENERATION:
+            state = _State(self)
+            setattr(self, STATE_ATTR, state)
         if kwargs or state.refused:
             return stock(self, *args, **kwargs)
         if state.plan is None:
@@ -267,10 +272,10 @@ def apply(target) -> None:
 def remove() -> None:
     """Give the method back to torch and forget every plan (``omni_ray.bench.step_ab`` flips
     the patch within one process); ``apply`` installs it again."""
-    global _STOCK
+    global _STOCK, _GENERATION
+    _GENERATION += 1
     if _STOCK is not None:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         AOTCompiledFunction.__call__ = _STOCK
         _STOCK = None
-    _STATES.clear()

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import types
+import weakref
 
 import pytest
 import torch
@@ -70,9 +72,12 @@ def call():
     yield AOTCompiledFunction.__call__
     compiled_call.remove()
     assert not is_marked(AOTCompiledFunction.__call__, compiled_call.NAME)
-    assert not compiled_call._STATES
     if was_applied:
         compiled_call.apply(compiled_call.find_target())
+
+
+def state(compiled) -> compiled_call._State:
+    return getattr(compiled, compiled_call.STATE_ATTR)
 
 
 def inputs(n: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +92,7 @@ def learn(call, compiled, module) -> None:
     """Three forwards of two shapes: a prompt, then two one-token steps."""
     for n in (5, 1, 1):
         call(compiled, module, *inputs(n), None)
-    assert compiled_call._STATES[id(compiled)].plan is not None
+    assert state(compiled).plan is not None
 
 
 def test_replays_after_learning_with_the_arguments_of_each_call(call):
@@ -108,12 +113,25 @@ def test_learning_waits_for_two_input_shapes(call):
     compiled, module = Compiled(), Module()
     for _ in range(3):
         call(compiled, module, *inputs(1), None)
-    assert compiled_call._STATES[id(compiled)].plan is None
+    assert state(compiled).plan is None
     call(compiled, module, *inputs(6), None)
-    assert compiled_call._STATES[id(compiled)].plan is not None
+    assert state(compiled).plan is not None
     ids, pos = inputs(3)
     assert torch.equal(call(compiled, module, ids, pos, None), expected(ids, pos))
     assert compiled.graph_inputs[-1][0] == 3
+
+
+def test_remove_forgets_the_plans_and_the_state_goes_with_its_function(call):
+    compiled, module = Compiled(), Module()
+    learn(call, compiled, module)
+    compiled_call.remove()
+    compiled_call.apply(compiled_call.find_target())
+    call(compiled, module, *inputs(2), None)
+    assert compiled.python_calls == 4  # learning again
+    gone = weakref.ref(compiled)
+    del compiled
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.parametrize("how", ["tensor_for_none", "keyword", "other_module"])
@@ -139,7 +157,7 @@ def test_a_forward_with_side_effects_is_never_replayed(call, caplog):
     for n in (5, 1, 1, 1):
         call(compiled, module, *inputs(n), None)
     assert compiled.python_calls == 4
-    assert compiled_call._STATES[id(compiled)].refused == "its code does STORE_ATTR"
+    assert state(compiled).refused == "its code does STORE_ATTR"
     assert "compiled_call keeps vLLM's path for forward: its code does STORE_ATTR" in caplog.text
 
 
@@ -147,7 +165,7 @@ def test_a_forward_that_calls_anything_but_the_graph_is_never_replayed(call):
     source = PLAIN.replace("self._parameters[\"w\"]", "self._parameters.get(\"w\")")
     compiled, module = Compiled(source), Module()
     call(compiled, module, *inputs(5), None)
-    assert compiled_call._STATES[id(compiled)].refused == (
+    assert state(compiled).refused == (
         "its code calls more than the graph and Dynamo's helpers")
 
 
@@ -156,8 +174,8 @@ def test_an_input_that_follows_no_argument_is_refused(call):
     for n in (5, 1, 1):
         module._modules["m"]._buffers["b"] = torch.tensor(0.5)  # a new object every forward
         call(compiled, module, *inputs(n), None)
-    state = compiled_call._STATES[id(compiled)]
-    assert state.plan is None and state.refused == "graph input 3 (Tensor) follows no argument"
+    learned = state(compiled)
+    assert learned.plan is None and learned.refused == "graph input 3 (Tensor) follows no argument"
 
 
 def test_guards_run_when_vllm_keeps_them_on(call):
