@@ -41,6 +41,9 @@ Switches, each flipped at run time without restarting the engine:
   parameter, then the graph), B is vllm_omni's ``compiled_call`` patch replaying the graph's
   input list (removed and applied again; after each flip its first forwards are vLLM's path
   while it learns, two or three of a 65-token run's forwards).
+- ``compiled_entry``: with the ``compiled_call`` patch replaying, the replayed inputs go to the
+  graph object Dynamo's code calls (A: torch's runtime wrappers, then inductor's C++-wrapper glue)
+  or straight to inductor's C++ entry (B); needs ``--cpp-wrapper``.
 
 The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
@@ -68,6 +71,7 @@ SWITCHES = {
     "attention_sync": ("per_op", "per_forward"),
     "cache_update": ("vllm", "direct"),
     "compiled_call": ("vllm", "vllm_omni"),
+    "compiled_entry": ("graph", "entry"),
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead", "compiled_call")
@@ -101,6 +105,10 @@ def flipper(switch: str, sampling: dict):
         def flip_sync(side: str) -> None:
             cpu_attention.PER_FORWARD_SYNC = side == "per_forward"
         return flip_sync
+    if switch == "compiled_entry":
+        def flip_entry(side: str) -> None:
+            compiled_call.STRAIGHT_TO_ENTRY = side == "entry"
+        return flip_entry
     if switch == "cache_update":
         def flip_update(side: str) -> None:
             if cpu_attention._NATIVE is None:
@@ -219,6 +227,17 @@ def decode_step_ms(llm, prompt: list[list[int]], output_len: int, sampling: dict
             list(out[0].outputs[0].token_ids))
 
 
+def replays() -> dict:
+    """What the compiled_call patch did with the compiled model, when it is applied."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    from vllm_omni.patches import compiled_call, is_marked
+
+    if not is_marked(AOTCompiledFunction.__call__, compiled_call.NAME):
+        return {}
+    return {"compiled_call": compiled_call.replays()}
+
+
 def run(args: argparse.Namespace) -> dict:
     from omni_ray.engine.runner import GREEDY
     from omni_ray.workload.prompts import token_prompts
@@ -261,7 +280,7 @@ def run(args: argparse.Namespace) -> dict:
             "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "step_ms": ms,
             "outside_model_ms": outside, **summarize(a, b, ms, outside),
             "same_tokens": tokens[a] is not None and tokens[a] == tokens[b],
-            "patch_report": vllm_omni.patch_report()}
+            "patch_report": vllm_omni.patch_report(), **replays()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error(f"--pairs must be at least 1, got {args.pairs}")
+    if args.switch == "compiled_entry" and not args.cpp_wrapper:
+        p.error("--switch compiled_entry needs --cpp-wrapper (the entry is the C++ wrapper's)")
     if args.cpp_wrapper and args.eager:
         p.error("--cpp-wrapper needs a compiled engine; drop --eager")
     if args.model and not Path(args.model).is_dir():

@@ -43,12 +43,13 @@ def _engine_main(spec_path: str, out_path: str) -> None:
     for i, pos in enumerate(out.prompt_logprobs[1:]):
         for tok, lp in pos.items():
             logits[i, tok] = lp.logprob
-    from vllm_omni.patches import cpu_attention
+    from vllm_omni.patches import compiled_call, cpu_attention
 
     inductor = llm.llm_engine.vllm_config.compilation_config.inductor_compile_config
     torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits,
                 "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python",
-                "dynamic_threads": inductor.get("cpp.dynamic_threads")},
+                "dynamic_threads": inductor.get("cpp.dynamic_threads"),
+                "compiled_call": compiled_call.replays()},
                out_path)
 
 
@@ -205,6 +206,9 @@ def test_cpp_wrapper_and_serial_kernels_compute_what_the_default_graph_does(work
                env_extra={"VLLM_USE_LAYERNAME": "0"})
     assert (cpp["attention_kernels"], compiled["attention_kernels"]) == ("cpp", "python")
     assert (cpp["dynamic_threads"], compiled["dynamic_threads"]) == (False, True)
+    # the compiled_call patch replayed both forwards, the C++ wrapper's straight to its entry
+    assert cpp["compiled_call"] == [{"function": "LlamaModel.forward", "path": "entry"}]
+    assert compiled["compiled_call"] == [{"function": "LlamaModel.forward", "path": "graph"}]
     serial = _model_kernels(tmp / "vllm-cache-int4-cpp-wrapper")
     default = _model_kernels(tmp / "vllm-cache-int4-compiled")
     assert serial and default

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dis
 import functools
 import logging
+import weakref
 
 from vllm_omni.patches.replicated import check
 
@@ -56,6 +57,12 @@ HELPERS = frozenset({"call_size", "record_pregraph_bytecode_enter",
                      "record_pregraph_bytecode_exit"})
 DYNAMO_UTILS = "__import_torch_dot__dynamo_dot_utils"
 GRAPH_PREFIX = "__compiled_fn"
+# Inductor's C++-wrapper glue between its graph object and the compiled entry (generated code):
+# tensors (and ints as 0-dim tensors) to handles the entry takes over, outputs stolen back.
+WRAP_FUNC = "_wrap_func.<locals>.g"
+WRAP_FUNC_NAMES = frozenset({"isinstance", "torch", "Tensor", "tensor", "_C", "_aoti",
+                             "unsafe_alloc_void_ptrs_from_tensors", "clear",
+                             "alloc_tensors_by_stealing_from_void_ptrs"})
 MIN_CALLS = 3  # forwards recorded before a plan is trusted (of at least two input shapes)
 MAX_LEARNING_CALLS = 64  # then give up: the input shapes never varied
 
@@ -64,6 +71,10 @@ _STOCK = None  # AOTCompiledFunction.__call__ as torch defines it, while the pat
 # valid while its generation is the patch's: remove() forgets every plan by starting a new one.
 STATE_ATTR = "_vllm_omni_compiled_call"
 _GENERATION = 0
+_KNOWN: "weakref.WeakSet[_State]" = weakref.WeakSet()  # for replays()
+# Whether a plan whose forwards allow it calls inductor's C++ entry itself (True) or the graph
+# object Dynamo's code calls (omni_ray.bench.step_ab's compiled_entry switch flips it).
+STRAIGHT_TO_ENTRY = True
 _MISS = object()  # a call the plan does not cover
 
 
@@ -99,6 +110,15 @@ def graph_name(fn) -> str:
     if len(graphs) != 1:
         raise Refused(f"its code calls {len(graphs)} compiled graphs, not one")
     return graphs.pop()
+
+
+def _names(code) -> set[str]:
+    """The global and attribute names a code object and the code nested in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names(const)
+    return names
 
 
 def _kind(value) -> object:
@@ -137,6 +157,7 @@ class Plan:
             raise Refused("forward does not return one of the graph's outputs")
         self.out_index = outs[0]
         self.n_args = len(args0)
+        self.entry = None  # inductor's C++ entry, once go_straight() allows it
 
     def _derive(self, i: int, calls) -> None:
         values = [inputs[i] for _, inputs, _, _ in calls]
@@ -169,12 +190,64 @@ class Plan:
                 return _MISS
         if compiled._guard_check_enabled and not compiled.guard_check(*args):
             return _MISS  # vLLM's path raises with the guard's reason
+        if self.entry is not None and STRAIGHT_TO_ENTRY:
+            return self._run_entry(args)
         inputs = self.template.copy()
         for i, j in self.tensor_slots:
             inputs[i] = args[j]
         for i, j, d in self.size_slots:
             inputs[i] = args[j].shape[d]
         return self.graph(*inputs)[self.out_index]
+
+    def go_straight(self, graph_calls: list, inner_calls: list) -> str | None:
+        """Call inductor's C++ entry directly from now on if the recorded forwards show that
+        everything between the graph and it passed the inputs and outputs through unchanged;
+        else say why not (the plan keeps calling the graph)."""
+        fxs = {id(fx) for fx, _, _ in inner_calls if fx is not None}
+        if len(inner_calls) != len(graph_calls) or None in (c[0] for c in inner_calls) \
+                or len(fxs) != 1:
+            return "the graph did not call one inductor graph once a forward"
+        fx = inner_calls[0][0]
+        if getattr(fx, "mutated_inputs", True) or getattr(fx, "mutated_input_idxs", True):
+            return "the inductor graph mutates inputs"
+        g = getattr(fx, "current_callable", None)
+        code = getattr(g, "__code__", None)
+        if (getattr(g, "__qualname__", None) != WRAP_FUNC or code is None
+                or _names(code) != WRAP_FUNC_NAMES or len(g.__closure__ or ()) != 1):
+            return "inductor's graph is not called through its C++ wrapper's entry"
+        for (_, inputs, out, _), (_, fx_inputs, fx_out) in zip(graph_calls, inner_calls):
+            if len(fx_inputs) != len(inputs) or not all(
+                    a is b or (type(a) is int and type(b) is int and a == b)
+                    for a, b in zip(fx_inputs, inputs)):
+                return "the graph's inputs were changed on the way to inductor's"
+            if not (isinstance(out, (list, tuple)) and isinstance(fx_out, (list, tuple))
+                    and len(out) == len(fx_out) and all(a is b for a, b in zip(out, fx_out))):
+                return "the graph's outputs were changed on the way back from inductor's"
+        import torch
+
+        if not all(isinstance(x, torch.Tensor) or type(x) is int for x in self.template):
+            return "a graph input is neither a tensor nor an int"
+        # As the wrapper does: ints become 0-dim tensors (the graph mutates no input, so a
+        # constant's tensor can be made once).
+        self.entry_template = [torch.tensor(x, device="cpu") if type(x) is int else x
+                               for x in self.template]
+        self.entry = g.__closure__[0].cell_contents
+        return None
+
+    def _run_entry(self, args: tuple):
+        """What inductor's C++ wrapper function does with the graph's inputs (its
+        ``_wrap_func``), from the plan's list."""
+        import torch
+
+        tensors = self.entry_template.copy()
+        for i, j in self.tensor_slots:
+            tensors[i] = args[j]
+        for i, j, d in self.size_slots:
+            tensors[i] = torch.tensor(args[j].shape[d], device="cpu")
+        handles = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)
+        del tensors
+        out = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(self.entry(handles))
+        return out[self.out_index]
 
 
 class _State:
@@ -183,9 +256,11 @@ class _State:
     def __init__(self, compiled) -> None:
         self.compiled = compiled
         self.generation = _GENERATION
+        _KNOWN.add(self)
         self.plan: Plan | None = None
         self.refused: str | None = None
         self.calls: list = []
+        self.inner: list = []
         self.shapes: set = set()
         self.seen = 0
         try:
@@ -194,7 +269,7 @@ class _State:
             self.refuse(str(exc))
 
     def refuse(self, reason: str) -> None:
-        self.refused, self.calls = reason, []
+        self.refused, self.calls, self.inner = reason, [], []
         logger.warning("vllm_omni: compiled_call keeps vLLM's path for %s: %s",
                        getattr(self.compiled.fn, "__qualname__", "a compiled function"), reason)
 
@@ -202,24 +277,38 @@ class _State:
         """vLLM's path for one forward, recording the graph's inputs and outputs."""
         import torch
 
+        from torch._inductor.output_code import CompiledFxGraph
+
         space = self.compiled.fn.__globals__
         graph = space[self.name]
         seen: list = []
+        inner: list = []  # (inductor graph, its inputs, its outputs) called within
+        fx_call = CompiledFxGraph.__call__
 
         def recording(*inputs):
             out = graph(*inputs)
             seen.append((inputs, out))
             return out
 
+        def recording_fx(fx, inputs):
+            snapshot = list(inputs)  # its wrapper empties the list
+            out = fx_call(fx, inputs)
+            inner.append((fx, snapshot, out))
+            return out
+
         space[self.name] = recording
+        CompiledFxGraph.__call__ = recording_fx
         try:
             result = _STOCK(self.compiled, *args)
         finally:
             space[self.name] = graph
+            CompiledFxGraph.__call__ = fx_call
         if len(seen) != 1:
             self.refuse(f"a forward called its graph {len(seen)} times")
             return result
         self.calls = [*self.calls[-(MIN_CALLS - 1):], (args, *seen[0], result)]
+        self.inner = [*self.inner[-(MIN_CALLS - 1):], inner[0] if len(inner) == 1 else
+                      (None, None, None)]
         self.shapes.add(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
         self.seen += 1
         if len(self.calls) >= MIN_CALLS and len(self.shapes) > 1:
@@ -228,13 +317,33 @@ class _State:
             except Refused as exc:
                 self.refuse(str(exc))
                 return result
-            self.calls = []
+            why_not = self.plan.go_straight(self.calls, self.inner)
+            self.calls, self.inner = [], []
             logger.info("vllm_omni: compiled_call replays %s: %d graph inputs, %d from the "
-                        "arguments", self.compiled.fn.__qualname__, len(self.plan.template),
-                        len(self.plan.tensor_slots) + len(self.plan.size_slots))
+                        "arguments; %s", self.compiled.fn.__qualname__,
+                        len(self.plan.template),
+                        len(self.plan.tensor_slots) + len(self.plan.size_slots),
+                        "straight to inductor's C++ entry" if why_not is None else
+                        f"through the graph object ({why_not})")
         elif self.seen >= MAX_LEARNING_CALLS:
             self.refuse(f"{self.seen} forwards, all of one input shape")
         return result
+
+
+def replays() -> list[dict]:
+    """What the patch does with each compiled function this process has called since it was
+    applied: ``path`` is "entry" (inductor's C++ entry called directly), "graph" (the graph
+    object Dynamo's code calls), "learning", or "refused" (with the reason)."""
+    out = []
+    for state in list(_KNOWN):
+        if state.generation != _GENERATION:
+            continue
+        plan = state.plan
+        path = ("refused" if state.refused else "learning" if plan is None
+                else "entry" if plan.entry is not None else "graph")
+        out.append({"function": getattr(state.compiled.fn, "__qualname__", "?"), "path": path,
+                    **({"reason": state.refused} if state.refused else {})})
+    return sorted(out, key=lambda r: r["function"])
 
 
 def find_target():

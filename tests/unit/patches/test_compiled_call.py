@@ -106,6 +106,8 @@ def test_replays_after_learning_with_the_arguments_of_each_call(call):
     n, got_ids, w, b, got_pos = compiled.graph_inputs[-1]
     assert n == 4 and got_ids is ids and got_pos is pos
     assert w is module._parameters["w"] and b is module._modules["m"]._buffers["b"]
+    # a stand-in graph, not inductor's: replayed through the graph object Dynamo's code calls
+    assert compiled_call.replays() == [{"function": "forward", "path": "graph"}]
 
 
 def test_learning_waits_for_two_input_shapes(call):
@@ -158,6 +160,8 @@ def test_a_forward_with_side_effects_is_never_replayed(call, caplog):
         call(compiled, module, *inputs(n), None)
     assert compiled.python_calls == 4
     assert state(compiled).refused == "its code does STORE_ATTR"
+    assert compiled_call.replays() == [{"function": "forward", "path": "refused",
+                                        "reason": "its code does STORE_ATTR"}]
     assert "compiled_call keeps vLLM's path for forward: its code does STORE_ATTR" in caplog.text
 
 
