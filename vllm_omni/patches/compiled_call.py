@@ -13,6 +13,12 @@ object every time; a tensor argument of ``forward``; the size of an argument's d
 which graph output ``forward`` returns, later calls build the input list from that plan and call
 the same compiled graph with it. A call whose arguments differ in kind from the recorded ones
 (a tensor where ``None`` was, keyword arguments, another module) takes vLLM's path.
+Under inductor's C++ wrapper there is more Python between that graph object and the compiled
+code: torch's AOT runtime wrapper, ``CompiledFxGraph.__call__`` and the generated glue
+(``_wrap_func``: a pass over every input, then tensor handles for the C++ entry). While learning,
+the inductor graph's call is recorded too; if the forwards show one such graph, mutating no
+input, called with the very inputs the graph object got and handing back the very outputs it
+returned, the plan makes the handles and calls the C++ entry itself (``STRAIGHT_TO_ENTRY``).
 Guard: ``AOTCompiledFunction.__call__`` is fingerprinted (``REPLICATED``), and a forward is only
 replayed if its Dynamo code does nothing but read inputs, call the one graph and return: its
 bytecode may read attributes, items and globals (how Dynamo fetches graph inputs, e.g.
