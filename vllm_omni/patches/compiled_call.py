@@ -282,7 +282,6 @@ class _State:
     def learn(self, args: tuple):
         """vLLM's path for one forward, recording the graph's inputs and outputs."""
         import torch
-
         from torch._inductor.output_code import CompiledFxGraph
 
         space = self.compiled.fn.__globals__
