@@ -198,20 +198,25 @@ class Plan:
             return _MISS  # vLLM's path raises with the guard's reason
         if self.entry is not None and STRAIGHT_TO_ENTRY:
             return self._run_entry(args)
-        inputs = self.template.copy()
+        return self.graph(*self._inputs(self.template, args, int))[self.out_index]
+
+    def _inputs(self, template: list, args: tuple, size) -> list:
+        """``template`` with the slots that follow the forward's arguments filled from ``args``;
+        ``size`` makes a size slot's value from the int."""
+        inputs = template.copy()
         for i, j in self.tensor_slots:
             inputs[i] = args[j]
         for i, j, d in self.size_slots:
-            inputs[i] = args[j].shape[d]
-        return self.graph(*inputs)[self.out_index]
+            inputs[i] = size(args[j].shape[d])
+        return inputs
 
     def go_straight(self, graph_calls: list, inner_calls: list) -> str | None:
         """Call inductor's C++ entry directly from now on if the recorded forwards show that
         everything between the graph and it passed the inputs and outputs through unchanged;
         else say why not (the plan keeps calling the graph)."""
-        fxs = {id(fx) for fx, _, _ in inner_calls if fx is not None}
-        if len(inner_calls) != len(graph_calls) or None in (c[0] for c in inner_calls) \
-                or len(fxs) != 1:
+        # (inner_calls is kept beside graph_calls, one entry a forward; None: not exactly one)
+        fxs = {id(fx) for fx, _, _ in inner_calls}
+        if inner_calls[0][0] is None or len(fxs) != 1:
             return "the graph did not call one inductor graph once a forward"
         fx = inner_calls[0][0]
         if getattr(fx, "mutated_inputs", True) or getattr(fx, "mutated_input_idxs", True):
@@ -245,11 +250,8 @@ class Plan:
         ``_wrap_func``), from the plan's list."""
         import torch
 
-        tensors = self.entry_template.copy()
-        for i, j in self.tensor_slots:
-            tensors[i] = args[j]
-        for i, j, d in self.size_slots:
-            tensors[i] = torch.tensor(args[j].shape[d], device="cpu")
+        tensors = self._inputs(self.entry_template, args,
+                               lambda n: torch.tensor(n, device="cpu"))
         handles = torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(tensors)
         del tensors
         out = torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs(self.entry(handles))
