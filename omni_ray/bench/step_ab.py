@@ -41,9 +41,6 @@ Switches, each flipped at run time without restarting the engine:
   parameter, then the graph), B is vllm_omni's ``compiled_call`` patch replaying the graph's
   input list (removed and applied again; after each flip its first forwards are vLLM's path
   while it learns, two or three of a 65-token run's forwards).
-- ``gemv_schedule``: the int4 GEMV's blocks split evenly among the threads up front (A,
-  ``static``) or each thread starting on its share and then taking what is left of the others'
-  (B, ``balanced``; ``set_gemv_schedule``).
 - ``compiled_entry``: with the ``compiled_call`` patch replaying, the replayed inputs go to the
   graph object Dynamo's code calls (A: torch's runtime wrappers, then inductor's C++-wrapper glue)
   or straight to inductor's C++ entry (B); needs ``--cpp-wrapper``.
@@ -75,10 +72,7 @@ SWITCHES = {
     "cache_update": ("vllm", "direct"),
     "compiled_call": ("vllm", "vllm_omni"),
     "compiled_entry": ("graph", "entry"),
-    "gemv_schedule": ("static", "balanced"),
 }
-# Switches that flip a knob of vllm_omni's native kernels.
-NATIVE_SWITCHES = ("weight_prefetch", "gemv_schedule")
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead", "compiled_call")
 PROMPT_LEN = 128
@@ -99,8 +93,6 @@ def flipper(switch: str, sampling: dict):
         return lambda side: gc.enable() if side == "on" else gc.disable()
     if switch == "weight_prefetch":
         return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
-    if switch == "gemv_schedule":
-        return lambda side: torch.ops.vllm_omni_C.set_gemv_schedule(side)
     from vllm_omni.patches import compiled_call, cpu_attention, step_overhead
 
     if switch == "attention_kernels":
@@ -302,12 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--cpp-wrapper needs a compiled engine; drop --eager")
     if args.model and not Path(args.model).is_dir():
         p.error(f"--model: not a checkpoint directory: {args.model}")
-    if args.switch in NATIVE_SWITCHES:
+    if args.switch == "weight_prefetch":
         from vllm_omni.ops import native
 
         status = native.load()
         if not status.available:
-            p.error(f"--switch {args.switch} needs vllm_omni's native kernels: {status.reason}")
+            p.error(f"--switch weight_prefetch needs vllm_omni's native kernels: {status.reason}")
     body = run(args)
     med, out = body["median_step_ms"], body["median_outside_model_ms"]
     save_and_exit(args.out, "step_ab", body, __spec__.name, argv,

@@ -95,39 +95,6 @@ def test_weight_prefetch_mode_changes_no_value():
     assert torch.equal(l2, nta)
 
 
-@needs_isa
-@pytest.mark.parametrize("vnni", [True, False])
-def test_gemv_schedule_changes_no_value(vnni):
-    """The threads' share of the blocks (a benchmark knob) gives bitwise the same output with
-    two threads, and with one (a nested or single-threaded call runs every range itself); the
-    switch says which mode was on and refuses a mode it does not know."""
-    if vnni and native.gemv_variant() != "int16-vnni":
-        pytest.skip("the CPU lacks AVX512_VNNI / AVX512_VBMI")
-    w = torch.randn(896, 4864, generator=torch.Generator().manual_seed(3)).bfloat16()
-    qw = grid.quantize(w, 128)
-    packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
-    x = torch.randn(3, 4864, generator=torch.Generator().manual_seed(4)).bfloat16()
-    schedule = torch.ops.vllm_omni_C.set_gemv_schedule
-    gemv = torch.ops.vllm_omni_C.int4_gemv
-    threads = torch.get_num_threads()
-    try:
-        assert schedule("static") == "balanced"  # the default
-        static = gemv(x, packed, sz, 128, vnni)
-        assert schedule("balanced") == "static"
-        with pytest.raises(RuntimeError, match="must be 'balanced' or 'static', got 'dynamic'"):
-            schedule("dynamic")
-        torch.set_num_threads(2)
-        two = gemv(x, packed, sz, 128, vnni)
-        torch.set_num_threads(1)
-        one = gemv(x, packed, sz, 128, vnni)
-    finally:
-        torch.set_num_threads(threads)
-        schedule("balanced")
-    assert torch.equal(static, two) and torch.equal(static, one)
-    ref = F.linear(x.float(), grid.dequantize(qw).float())
-    assert (two.float() - ref).abs().max() <= ref.abs().max() * 2 ** -7
-
-
 def _fixed_point_reference(x, w, group_size):
     """What the VNNI loop computes, in float64: x rounded to 15-bit fixed point per group
     (step = max|x| / 16383), times the dequantized weight."""

@@ -18,8 +18,6 @@
 //   exact products, fp32 sums). The weights are prefetched 4 KiB ahead into L2. The VNNI loop
 //   can prefetch non-temporally instead (set_weight_prefetch("nta")); measured side by side
 //   in one process it was slower, 8-10 % on the weight stream and ~5 % a decode step.
-//   The threads share the 64-row blocks as set_gemv_schedule says (by default each starts on
-//   its own contiguous range and then takes what is left of the others').
 //
 // vllm_omni_C::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): the bf16
 //   W^T [K, n_end - n_begin] of those output rows, for the many-row path (a bf16 matmul then
@@ -315,75 +313,6 @@ std::string set_weight_prefetch(const std::string& mode) {
   return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
 }
 
-// How int4_gemv shares its blocks among the threads: "balanced" (default) or "static". A
-// process-wide switch so that a benchmark can compare the two side by side in one process;
-// returns the previous mode.
-//
-// static: at::parallel_for's even split, one contiguous range of blocks per thread. Every thread
-//   then waits at the region's end for the slowest: in a compiled decode step of the qwen2.5-0.5b
-//   shape (97 GEMVs, two threads) the first thread to finish waited ~0.6 ms a step in all, time
-//   in which one core streamed weights alone (the other thread joins a region ~1-2 us late, and
-//   the two see the memory system differently).
-// balanced: each thread starts on the same contiguous range, taking blocks from its front; a
-//   thread done with its own takes the remaining blocks of the others from their back. The wait
-//   left is at most about one block (~0.2 ms a step measured the same way; most of it is the
-//   down projection's 14 blocks of 155 KB). Same blocks, same per-block arithmetic: the output
-//   is bitwise the same either way.
-std::atomic<bool> g_balanced{true};
-
-std::string set_gemv_schedule(const std::string& mode) {
-  TORCH_CHECK(mode == "balanced" || mode == "static",
-              "set_gemv_schedule: mode must be 'balanced' or 'static', got '", mode, "'");
-  return g_balanced.exchange(mode == "balanced") ? "balanced" : "static";
-}
-
-// A range of blocks [lo, hi) packed into one word, so that its owner (from the front) and the
-// other threads (from the back) take blocks with a compare-and-swap.
-class BlockRange {
- public:
-  void reset(uint64_t lo, uint64_t hi) { word_.store(hi << 32 | lo, std::memory_order_relaxed); }
-  // The next block from the front (front) or the back, or -1 when none is left.
-  int64_t take(bool front) {
-    uint64_t cur = word_.load(std::memory_order_relaxed);
-    while (true) {
-      const uint64_t lo = cur & 0xFFFFFFFFu, hi = cur >> 32;
-      if (lo >= hi) return -1;
-      const uint64_t next = front ? (hi << 32 | (lo + 1)) : ((hi - 1) << 32 | lo);
-      if (word_.compare_exchange_weak(cur, next, std::memory_order_relaxed))
-        return static_cast<int64_t>(front ? lo : hi - 1);
-    }
-  }
-
- private:
-  std::atomic<uint64_t> word_{0};
-};
-
-constexpr int kMaxRanges = 256;
-
-// Calls fn(b) once for every block b in [0, blocks), on at::parallel_for's threads, as
-// g_balanced says.
-template <typename Fn>
-void for_each_block(int64_t blocks, const Fn& fn) {
-  if (!g_balanced.load(std::memory_order_relaxed)) {
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) fn(b);
-    });
-    return;
-  }
-  const int64_t T = std::max<int64_t>(
-      1, std::min<int64_t>({static_cast<int64_t>(at::get_num_threads()), blocks, kMaxRanges}));
-  BlockRange ranges[kMaxRanges];
-  for (int64_t t = 0; t < T; ++t) ranges[t].reset(blocks * t / T, blocks * (t + 1) / T);
-  // One index per thread (grain 1 over T indices); a nested call runs all T on one thread.
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t b; (b = ranges[t].take(true)) >= 0;) fn(b);
-      for (int64_t u = 1; u < T; ++u)
-        for (int64_t b; (b = ranges[(t + u) % T].take(false)) >= 0;) fn(b);
-    }
-  });
-}
-
 bool cpu_has_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512vbmi");
@@ -436,15 +365,17 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   const int64_t blocks = N / kBlockN;
   const int64_t step = use_vnni ? kVnniRows : kRows;
   const VnniFn* vnnis = kVnnis[g_prefetch_nta.load(std::memory_order_relaxed) ? 1 : 0];
-  for_each_block(blocks, [&](int64_t b) {
-    const uint8_t* wb = w + b * kBlockN * K / 2;
-    for (int64_t m0 = 0; m0 < M; m0 += step) {
-      const int rows = static_cast<int>(std::min<int64_t>(step, M - m0));
-      if (use_vnni)
-        vnnis[rows - 1](wb, sz, N, b * kBlockN, K, group_size, fx, m0, op + m0 * N, N);
-      else
-        kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xf.data() + m0 * K,
-                          xs.data() + m0 * G, op + m0 * N, N);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* wb = w + b * kBlockN * K / 2;
+      for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int rows = static_cast<int>(std::min<int64_t>(step, M - m0));
+        if (use_vnni)
+          vnnis[rows - 1](wb, sz, N, b * kBlockN, K, group_size, fx, m0, op + m0 * N, N);
+        else
+          kBlocks[rows - 1](wb, sz, N, b * kBlockN, K, group_size, xf.data() + m0 * K,
+                            xs.data() + m0 * G, op + m0 * N, N);
+      }
     }
   });
   return out;
@@ -666,7 +597,6 @@ TORCH_LIBRARY(vllm_omni_C, m) {
       "int n_end) -> Tensor");
   m.def("register_kernels() -> ()", &register_kernels);
   m.def("set_weight_prefetch(str mode) -> str", &set_weight_prefetch);
-  m.def("set_gemv_schedule(str mode) -> str", &set_gemv_schedule);
   m.def("greedy_argmax(Tensor logits) -> Tensor");
 }
 
