@@ -22,6 +22,9 @@ VLLM_OMNI_DISABLE_NATIVE_INT4 = "VLLM_OMNI_DISABLE_NATIVE_INT4"
 # Keeps the cpu_attention patch on its Python kernels instead of its C++ ones
 # (vllm_omni/ops/csrc/cpu_attention.cpp), for comparison.
 VLLM_OMNI_DISABLE_NATIVE_ATTENTION = "VLLM_OMNI_DISABLE_NATIVE_ATTENTION"
+# Keeps cpu_int4's packed weights in torch's own allocations instead of vllm_omni's huge-page
+# mappings (vllm_omni/ops/weight_arena.py).
+VLLM_OMNI_DISABLE_WEIGHT_ARENA = "VLLM_OMNI_DISABLE_WEIGHT_ARENA"
 # Where vllm_omni keeps what it builds (the native kernels); default ~/.cache/vllm_omni.
 VLLM_OMNI_CACHE = "VLLM_OMNI_CACHE"
 # vLLM's own: GiB of KV cache for every engine of the process tree (vllm/platforms/cpu.py).
@@ -56,6 +59,11 @@ def native_int4_disabled() -> str | None:
 
 def native_attention_disabled() -> str | None:
     name = VLLM_OMNI_DISABLE_NATIVE_ATTENTION
+    return name if _truthy(name) else None
+
+
+def weight_arena_disabled() -> str | None:
+    name = VLLM_OMNI_DISABLE_WEIGHT_ARENA
     return name if _truthy(name) else None
 
 

@@ -41,6 +41,10 @@ Switches, each flipped at run time without restarting the engine:
   parameter, then the graph), B is vllm_omni's ``compiled_call`` patch replaying the graph's
   input list (removed and applied again; after each flip its first forwards are vLLM's path
   while it learns, two or three of a 65-token run's forwards).
+- ``weight_pages``: the cpu_int4 packed weights in torch's own allocations (A, ``4k``: small
+  tensors in 4 KiB pages) or in vllm_omni's weight arena (B, ``huge``: mappings advised for 2 MiB
+  transparent huge pages, where the engine loads them); each flip copies every packed tensor
+  into the side's memory (``Parameter.data``, so the compiled graph keeps its inputs).
 - ``compiled_entry``: with the ``compiled_call`` patch replaying, the replayed inputs go to the
   graph object Dynamo's code calls (A: torch's runtime wrappers, then inductor's C++-wrapper glue)
   or straight to inductor's C++ entry (B); needs ``--cpp-wrapper``.
@@ -72,6 +76,7 @@ SWITCHES = {
     "cache_update": ("vllm", "direct"),
     "compiled_call": ("vllm", "vllm_omni"),
     "compiled_entry": ("graph", "entry"),
+    "weight_pages": ("4k", "huge"),
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead", "compiled_call")
@@ -80,10 +85,33 @@ OUTPUT_LEN = 64
 STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
 
 
-def flipper(switch: str, sampling: dict):
+def move_packed_weights(worker, huge: bool) -> int:
+    """Copy every cpu_int4 packed tensor of the worker's model into the weight arena (``huge``)
+    or into torch's allocations; returns how many were moved (run on the worker)."""
+    from vllm_omni.ops import weight_arena
+    from vllm_omni.quantization.cpu_int4 import PACK, SCALES_ZEROS
+
+    seen: set[int] = set()
+    for module in worker.model_runner.get_model().modules():
+        for name in (PACK, SCALES_ZEROS):
+            param = module._parameters.get(name)
+            if param is None or id(param) in seen:  # a tied head shares the embedding's
+                continue
+            seen.add(id(param))
+            param.data = weight_arena.copy(param.data) if huge else param.data.clone()
+    return len(seen)
+
+
+def flipper(switch: str, sampling: dict, llm=None):
     """side -> None: puts the engine's process (or ``sampling``, the SamplingParams fields every
     request of this run gets) in that side's state."""
     import torch
+
+    if switch == "weight_pages":
+        def flip_pages(side: str) -> None:
+            if not any(llm.collective_rpc(move_packed_weights, args=(side == "huge",))):
+                raise RuntimeError("weight_pages: the engine's model has no cpu_int4 weights")
+        return flip_pages
 
     if switch == "detokenize":
         return lambda side: sampling.update(detokenize=side == "on")
@@ -248,7 +276,7 @@ def run(args: argparse.Namespace) -> dict:
     def step_ms() -> tuple[float, list[int]]:
         return decode_step_ms(llm, prompt, OUTPUT_LEN, sampling, timer)
 
-    flip = flipper(args.switch, sampling)
+    flip = flipper(args.switch, sampling, llm)
     ms: dict[str, list[float]] = {a: [], b: []}
     outside: dict[str, list[float]] = {a: [], b: []}
     tokens: dict[str, list[int] | None] = {}

@@ -208,26 +208,44 @@ def chunk_rows(k: int, chunk_bytes: int = REPACK_CHUNK_BYTES) -> int:
 
 
 def repack(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-           chunk_bytes: int = REPACK_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+           chunk_bytes: int = REPACK_CHUNK_BYTES,
+           empty=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint format -> (CPU pack uint8 [N, K/2], scales_and_zeros bf16 [G, N, 2]).
 
     Works in row chunks of whole blocks so only one chunk of int32 codes exists at a time.
+    ``empty(shape, dtype)`` allocates the two results (cpu_int4 passes weight_arena's;
+    default: torch's allocator).
     """
     n, half_k = weight_packed.shape
     k = half_k * 2
-    out = torch.empty(n, half_k, dtype=torch.uint8)
+    out = _empty(empty, (n, half_k), torch.uint8)
     step = chunk_rows(k, chunk_bytes)
     for r in range(0, n, step):
         codes = grid.unpack_nibbles(weight_packed[r:r + step])
         out[r:r + step] = _convert(codes)
-    return out, scales_and_zeros(scale, zero)
+    return out, _placed(scales_and_zeros(scale, zero), empty)
+
+
+def _empty(empty, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype) if empty is None else empty(shape, dtype)
+
+
+def _placed(t: torch.Tensor, empty) -> torch.Tensor:
+    """``t`` itself, or its values in a tensor from ``empty``."""
+    if empty is None:
+        return t
+    out = empty(tuple(t.shape), t.dtype)
+    out.copy_(t)
+    return out
 
 
 def quantize_and_pack(w: torch.Tensor, group_size: int,
-                      chunk_bytes: int = REPACK_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
-    """A bf16 weight [N, K] straight to the CPU pack (quantize at load), in row chunks."""
+                      chunk_bytes: int = REPACK_CHUNK_BYTES,
+                      empty=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 weight [N, K] straight to the CPU pack (quantize at load), in row chunks;
+    ``empty`` as in :func:`repack`."""
     n, k = w.shape
-    out = torch.empty(n, k // 2, dtype=torch.uint8)
+    out = _empty(empty, (n, k // 2), torch.uint8)
     scales, zeros = [], []
     step = chunk_rows(k, chunk_bytes)
     for r in range(0, n, step):
@@ -235,4 +253,4 @@ def quantize_and_pack(w: torch.Tensor, group_size: int,
         out[r:r + step] = _convert(codes)
         scales.append(s)
         zeros.append(z)
-    return out, scales_and_zeros(torch.cat(scales), torch.cat(zeros))
+    return out, _placed(scales_and_zeros(torch.cat(scales), torch.cat(zeros)), empty)

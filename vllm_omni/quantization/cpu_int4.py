@@ -47,7 +47,7 @@ from vllm.model_executor.parameter import (
 )
 
 from vllm_omni.errors import OmniInputError
-from vllm_omni.ops import int4_linear, int4_pack
+from vllm_omni.ops import int4_linear, int4_pack, weight_arena
 from vllm_omni.quantization import grid
 
 logger = logging.getLogger("vllm.omni")
@@ -312,11 +312,13 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if st.dense:
             st.processed = True
             return
+        # The packed tensors go to huge-page mappings: a decode step streams them all.
         if self.config.checkpoint_quantized:
             packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
-                                          layer.weight_zero.data)
+                                          layer.weight_zero.data, empty=weight_arena.empty)
         else:
-            packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size)
+            packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size,
+                                                     empty=weight_arena.empty)
         for name in st.tensor_names:  # free the checkpoint layout: keep only one
             del layer._parameters[name]
         layer.register_parameter(PACK, Parameter(packed, requires_grad=False))

@@ -107,3 +107,30 @@ def test_cache_update_switch_needs_the_cpp_kernels(monkeypatch):
     flip("direct")
     flip("vllm")
     assert seen == [True, False]
+
+
+def test_weight_pages_moves_each_packed_tensor_once_and_keeps_its_values():
+    import torch
+    from torch import nn
+
+    from vllm_omni.quantization.cpu_int4 import PACK, SCALES_ZEROS
+
+    embed, head, other = nn.Module(), nn.Module(), nn.Linear(2, 2)
+    embed.register_parameter(PACK, nn.Parameter(torch.arange(64, dtype=torch.uint8),
+                                                requires_grad=False))
+    embed.register_parameter(SCALES_ZEROS, nn.Parameter(torch.ones(4).bfloat16(),
+                                                        requires_grad=False))
+    for name in (PACK, SCALES_ZEROS):  # a tied head shares the embedding's
+        setattr(head, name, getattr(embed, name))
+    model = nn.ModuleList([embed, head, other])
+    worker = type("W", (), {"model_runner": type("R", (), {"get_model": lambda self: model})()})()
+    pack = embed._parameters[PACK]
+    before, other_weight = pack.data_ptr(), other.weight.data_ptr()
+    assert step_ab.move_packed_weights(worker, True) == 2
+    assert pack is embed._parameters[PACK] is head._parameters[PACK]  # same Parameter objects
+    assert pack.data_ptr() != before and torch.equal(pack, torch.arange(64, dtype=torch.uint8))
+    in_arena = pack.data_ptr()
+    assert step_ab.move_packed_weights(worker, False) == 2
+    assert pack.data_ptr() != in_arena
+    assert torch.equal(embed._parameters[SCALES_ZEROS], torch.ones(4).bfloat16())
+    assert other.weight.data_ptr() == other_weight  # not a packed tensor: left alone

@@ -1,9 +1,12 @@
 """The vLLM method without an engine: config validation, registration, bad checkpoints."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from vllm_omni.errors import OmniInputError
+from vllm_omni.ops import weight_arena
 from vllm_omni.quantization import cpu_int4, grid
 
 H = 256
@@ -65,6 +68,8 @@ def test_qkv_loads_repacks_and_frees_checkpoint_tensors():
     assert names == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
     y = method.apply(layer, torch.randn(3, H).bfloat16())
     assert y.shape == (3, 512)
+    if Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().find("[never]") < 0:
+        assert weight_arena.huge_page_kib(getattr(layer, cpu_int4.PACK)) > 0  # the arena's
 
 
 def test_missing_tensor_names_layer_and_tensor():

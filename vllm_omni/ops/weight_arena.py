@@ -1,0 +1,123 @@
+"""Where cpu_int4 keeps its packed weights: anonymous mappings advised for transparent huge pages.
+
+Why: a decode step streams every packed weight once, ~205 MB for the qwen2.5-0.5b shape, which
+in 4 KiB pages is ~50,000 pages a step, each a TLB miss with a page walk while the weights
+stream. With the kernel's transparent-huge-page mode at ``madvise`` (this machine's), memory
+gets 2 MiB pages only where a program asks for them, and torch's CPU allocator asks only when
+``THP_MEM_ALLOC_ENABLE`` is set, and then only for buffers of 2 MiB and more (not the qwen2.5-0.5b
+q/k/v and o projections). Here the weights are placed one after another in mappings of
+``CHUNK_BYTES`` advised ``MADV_HUGEPAGE``, so all of them, small ones included, sit in huge
+pages. The int4 GEMV's throughput on the shape's whole weight stream with and without this is
+``omni_ray.bench.step_ab --switch weight_pages``.
+
+Lifetime: each tensor keeps its mapping alive (``torch.frombuffer`` holds the ``mmap``); the
+arena holds the mapping it is filling only weakly, so a mapping is unmapped once every weight
+in it is gone. Where the kernel refuses the advice (THP "never", not Linux) or
+``VLLM_OMNI_DISABLE_WEIGHT_ARENA`` is set, :func:`empty` is ``torch.empty``.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+import weakref
+
+import torch
+
+from vllm_omni import envs
+
+logger = logging.getLogger(__name__)
+
+CHUNK_BYTES = 64 << 20
+HUGE_PAGE = 2 << 20
+ALIGN = 64  # bytes; each tensor starts on a cache line
+
+
+class Arena:
+    """A bump allocator over ``MADV_HUGEPAGE`` mappings of ``chunk_bytes`` (a tensor larger
+    than that gets a mapping of its own)."""
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._lock = threading.Lock()
+        self._chunk: weakref.ref | None = None  # the mapping being filled
+        self._offset = 0
+        self._refused: str | None = None  # why the kernel refused the advice, once
+
+    def _map(self, nbytes: int) -> tuple[mmap.mmap, int] | None:
+        """A new mapping with room for ``nbytes`` from a 2 MiB boundary, and that offset."""
+        m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError) as exc:  # no THP here: torch's allocator will do
+            self._refused = f"madvise(MADV_HUGEPAGE) failed: {exc}"
+            logger.info("vllm_omni: packed weights stay in torch's allocations (%s)",
+                        self._refused)
+            m.close()
+            return None
+        base = torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
+        return m, -base % HUGE_PAGE
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous tensor in huge-page memory (or ``torch.empty``)."""
+        if self._refused is not None or envs.weight_arena_disabled():
+            return torch.empty(shape, dtype=dtype)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
+        with self._lock:
+            chunk = self._chunk() if self._chunk is not None else None
+            if nbytes > self.chunk_bytes:
+                got = self._map(nbytes)
+                if got is None:
+                    return torch.empty(shape, dtype=dtype)
+                chunk, offset = got
+            else:
+                if chunk is None or self._offset + nbytes > len(chunk):
+                    got = self._map(self.chunk_bytes)
+                    if got is None:
+                        return torch.empty(shape, dtype=dtype)
+                    chunk, self._offset = got
+                    self._chunk = weakref.ref(chunk)
+                offset = self._offset
+                self._offset = -(-(offset + nbytes) // ALIGN) * ALIGN
+        flat = torch.frombuffer(chunk, dtype=torch.uint8, count=nbytes, offset=offset)
+        return flat.view(dtype).view(shape)
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """``t``'s values in a tensor of this arena."""
+        out = self.empty(t.shape, t.dtype)
+        out.copy_(t)
+        return out
+
+
+ARENA = Arena()
+
+
+def empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    return ARENA.empty(shape, dtype)
+
+
+def copy(t: torch.Tensor) -> torch.Tensor:
+    return ARENA.copy(t)
+
+
+def huge_page_kib(t: torch.Tensor) -> int:
+    """KiB of the mapping that holds ``t``'s first byte that the kernel backs with huge pages
+    (``AnonHugePages`` in /proc/self/smaps); 0 if none or unknown."""
+    addr = t.data_ptr()
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= addr < hi
+                elif inside and head == "AnonHugePages:":
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
