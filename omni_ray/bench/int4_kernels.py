@@ -7,7 +7,9 @@
    order is one decode step's weight reads. Timed per pass (median of ``--passes``, kernels
    interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu``, the native GEMV's fp32
    loop and its int16-VNNI loop, the latter with each weight prefetch mode (into L2, the
-   default, and non-temporal; ``set_weight_prefetch``).
+   default, and non-temporal; ``set_weight_prefetch``), and the VNNI loop again on a copy of
+   the weights in vllm_omni's weight arena (``native-vnni-huge``: huge pages, where the engine
+   keeps them; the others read torch's allocations).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -42,7 +44,7 @@ def layer_shapes(shape) -> list[tuple[int, int]]:
 def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     import torch
 
-    from vllm_omni.ops import int4_pack, native
+    from vllm_omni.ops import int4_pack, native, weight_arena
 
     status = native.load()
     if not status.available:
@@ -58,6 +60,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         weights.append((k, packed, sz))
         total += packed.numel() + sz.numel() * sz.element_size()
     xs = {k: torch.randn(1, k, generator=gen).bfloat16() for k in {k for k, _, _ in weights}}
+    huge = [(k, weight_arena.copy(p), weight_arena.copy(s)) for k, p, s in weights]
     gemv = torch.ops.vllm_omni_C.int4_gemv
     # name -> (the VNNI loop's weight prefetch for the pass, or None, the kernel)
     kernels = {
@@ -66,6 +69,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         "native-fp32": (None, lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, False)),
         "native-vnni": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
         "native-vnni-nta": ("nta", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
+        "native-vnni-huge": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
     }
     ms = {name: [] for name in kernels}
     default = torch.ops.vllm_omni_C.set_weight_prefetch("l2")
@@ -75,7 +79,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
                 if prefetch:
                     torch.ops.vllm_omni_C.set_weight_prefetch(prefetch)
                 t0 = time.perf_counter()
-                for k, p, s in weights:
+                for k, p, s in huge if name.endswith("-huge") else weights:
                     fn(k, p, s)
                 ms[name].append((time.perf_counter() - t0) * 1e3)
     finally:
