@@ -7,12 +7,16 @@ gets 2 MiB pages only where a program asks for them, and torch's CPU allocator a
 ``THP_MEM_ALLOC_ENABLE`` is set, and then only for buffers of 2 MiB and more (not the qwen2.5-0.5b
 q/k/v and o projections). Here the weights are placed one after another in mappings of
 ``CHUNK_BYTES`` advised ``MADV_HUGEPAGE``, so all of them, small ones included, sit in huge
-pages. The int4 GEMV's throughput on the shape's whole weight stream with and without this is
-``omni_ray.bench.step_ab --switch weight_pages``.
+pages. Measured on this machine: a compiled int4 decode step 10.59 ms with the packed weights in
+torch's allocations, 9.63 ms in the arena (``omni_ray.bench.step_ab --switch weight_pages``,
+40 pairs, pairwise 1.103x, same tokens; results/step_ab/20261204T195859Z.json); the GEMVs
+alone over the shape's weights 7.06 vs 6.71 ms a pass (``omni_ray.bench.int4_kernels``,
+results/int4_kernels/20261204T200219Z.json).
 
 Lifetime: each tensor keeps its mapping alive (``torch.frombuffer`` holds the ``mmap``); the
 arena holds the mapping it is filling only weakly, so a mapping is unmapped once every weight
-in it is gone. Where the kernel refuses the advice (THP "never", not Linux) or
+in it is gone. With THP "never" the advice is accepted and changes nothing (the weights are
+still contiguous); where it is refused (a kernel without THP, not Linux) or
 ``VLLM_OMNI_DISABLE_WEIGHT_ARENA`` is set, :func:`empty` is ``torch.empty``.
 """
 
@@ -44,6 +48,7 @@ class Arena:
         self._chunk: weakref.ref | None = None  # the mapping being filled
         self._offset = 0
         self._refused: str | None = None  # why the kernel refused the advice, once
+        self._announced = False
 
     def _map(self, nbytes: int) -> tuple[mmap.mmap, int] | None:
         """A new mapping with room for ``nbytes`` from a 2 MiB boundary, and that offset."""
@@ -56,6 +61,10 @@ class Arena:
                         self._refused)
             m.close()
             return None
+        if not self._announced:
+            self._announced = True
+            logger.info("vllm_omni: cpu_int4 packed weights go to mappings advised for huge "
+                        "pages (%s MiB each)", self.chunk_bytes >> 20)
         base = torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
         return m, -base % HUGE_PAGE
 
@@ -66,7 +75,9 @@ class Arena:
         count = 1
         for d in shape:
             count *= int(d)
-        nbytes = max(count * torch.empty((), dtype=dtype).element_size(), 1)
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        nbytes = count * dtype.itemsize
         with self._lock:
             chunk = self._chunk() if self._chunk is not None else None
             if nbytes > self.chunk_bytes:

@@ -78,6 +78,12 @@ def test_refused_advice_falls_back_to_torch(monkeypatch, caplog):
     assert caplog.text.count("stay in torch's allocations") == 1  # said once
 
 
+def test_an_empty_shape_is_an_empty_tensor(monkeypatch):
+    monkeypatch.setattr(weight_arena.mmap, "mmap", None)  # would raise if called
+    t = weight_arena.Arena().empty((0, 4), torch.bfloat16)
+    assert t.shape == (0, 4) and t.dtype == torch.bfloat16
+
+
 def test_off_switch_gives_torch_allocations(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_DISABLE_WEIGHT_ARENA", "1")
     monkeypatch.setattr(weight_arena.mmap, "mmap", None)  # would raise if called
