@@ -26,7 +26,8 @@ TAIL_LINES = 40
 # vLLM allocated, the inductor settings kept over the CPU platform's, the allocator memory
 # vllm_omni returned after load, whether decode attention took vllm_omni's short path (and ran
 # its ops without the GIL), whether sampling took the step_overhead patch's argmax (each once
-# per engine process) and how many compiled models' forwards the compiled_call patch replays.
+# per engine process), how many compiled models' forwards the compiled_call patch replays, and
+# whether cpu_int4's packed weights went to huge-page mappings (vllm_omni/ops/weight_arena.py).
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
@@ -37,6 +38,8 @@ _MARKERS = {
     "cpu_attention_no_gil": re.compile(r"vllm_omni: cpu_attention ops served without the GIL"),
     "greedy_argmax": re.compile(r"vllm_omni: step_overhead greedy argmax in use"),
     "compiled_call_replay": re.compile(r"vllm_omni: compiled_call replays "),
+    "weight_arena": re.compile(r"vllm_omni: cpu_int4 packed weights go to mappings advised "
+                               r"for huge pages"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 _TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "

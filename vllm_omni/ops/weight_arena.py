@@ -31,7 +31,8 @@ import torch
 
 from vllm_omni import envs
 
-logger = logging.getLogger(__name__)
+# vLLM's logger tree, so the lines reach the engine's log (omni_ray.engine.launch counts them).
+logger = logging.getLogger("vllm.omni")
 
 CHUNK_BYTES = 64 << 20
 HUGE_PAGE = 2 << 20

@@ -63,6 +63,17 @@ def test_a_mapping_lives_as_long_as_its_last_tensor(monkeypatch):
     assert len(maps) == 2  # so the next tensor starts a new one
 
 
+def test_the_first_mapping_is_announced_in_the_line_the_engine_log_counts(caplog):
+    from omni_ray.engine import launch
+
+    arena = weight_arena.Arena(chunk_bytes=1 << 20)
+    with caplog.at_level("INFO", logger="vllm.omni"):
+        for _ in range(3):  # three mappings, one line
+            arena.empty((1 << 20,), torch.uint8)
+    assert launch._MARKERS["weight_arena"].findall(caplog.text) == [
+        "vllm_omni: cpu_int4 packed weights go to mappings advised for huge pages"]
+
+
 def test_refused_advice_falls_back_to_torch(monkeypatch, caplog):
     class NoAdvice(mmap.mmap):
         def madvise(self, *args):
@@ -70,7 +81,7 @@ def test_refused_advice_falls_back_to_torch(monkeypatch, caplog):
 
     monkeypatch.setattr(weight_arena.mmap, "mmap", NoAdvice)
     arena = weight_arena.Arena()
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="vllm.omni"):
         t = arena.empty((3, 4), torch.bfloat16)
         arena.empty((3, 4), torch.bfloat16)
     assert t.shape == (3, 4) and t.dtype == torch.bfloat16
