@@ -29,9 +29,13 @@ import vllm_omni
 from vllm_omni.ops import native
 assert "+cpu" in torch.__version__, f"expected a CPU build of torch, got {torch.__version__}"
 print(f"omni-ray setup ok: torch {torch.__version__}, vllm {__import__('vllm').__version__}")
-# Build the native cpu_int4 kernels now rather than in the first int4 engine (about 10 s).
+# Build cpu_int4's native kernel sets now rather than in the first int4 engine (about 10 s each):
+# the one this CPU selects, and every other one it can run (the tests run them all).
 st = native.load()
-print(f"cpu_int4 kernels: {'native' if st.available else 'torch fallback'} ({st.reason})")
+print(f"cpu_int4 kernels: {st.kernel_set or 'Python fallback'} ({st.reason})")
+for ks in native.runnable():
+    other = native.load_set(ks.name)
+    print(f"  {ks.name}: {'built' if other.available else other.reason}")
 # And the cpu_attention patch's C++ kernels (about 30 s).
 module, why = native.attention_kernels()
 print(f"cpu_attention kernels: {'C++' if module else 'Python'} ({why})")

@@ -6,7 +6,7 @@ it in the main process, the EngineCore process and every worker. It is safe to c
 
 from __future__ import annotations
 
-__all__ = ["register", "patch_report"]
+__all__ = ["register", "patch_report", "kernel_report"]
 
 
 def register() -> None:
@@ -31,3 +31,13 @@ def patch_report() -> dict[str, dict[str, object]]:
 
     return {s.name: {"applied": s.applied, "reason": s.reason, "target": s.target}
             for s in patches.report()}
+
+
+def kernel_report() -> dict[str, object]:
+    """Which cpu_int4 kernels this process runs: the native set (or "python") and why, and what
+    the vllm_omni ops dispatch to (None before cpu_int4 registered them)."""
+    from vllm_omni.ops import int4_linear, native
+
+    st = native.load()
+    return {"int4_kernel_set": native.kernel_set(), "int4_reason": st.reason,
+            "int4_op_kernels": int4_linear.kernels()}

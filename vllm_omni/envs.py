@@ -25,6 +25,10 @@ VLLM_OMNI_DISABLE_NATIVE_ATTENTION = "VLLM_OMNI_DISABLE_NATIVE_ATTENTION"
 # Keeps cpu_int4's packed weights in torch's own allocations instead of vllm_omni's huge-page
 # mappings (vllm_omni/ops/weight_arena.py).
 VLLM_OMNI_DISABLE_WEIGHT_ARENA = "VLLM_OMNI_DISABLE_WEIGHT_ARENA"
+# Which cpu_int4 kernel set to use: "avx512", "avx2" or "portable" (vllm_omni/ops/native.py);
+# unset, empty or "auto": the best set the CPU runs. A set the CPU cannot run is refused with a
+# warning. Lets an AVX-512 machine run and test the kernels an AVX2-only one gets.
+VLLM_OMNI_INT4_ISA = "VLLM_OMNI_INT4_ISA"
 # Where vllm_omni keeps what it builds (the native kernels); default ~/.cache/vllm_omni.
 VLLM_OMNI_CACHE = "VLLM_OMNI_CACHE"
 # vLLM's own: GiB of KV cache for every engine of the process tree (vllm/platforms/cpu.py).
@@ -70,3 +74,9 @@ def weight_arena_disabled() -> str | None:
 def cache_root() -> Path:
     value = os.environ.get(VLLM_OMNI_CACHE, "").strip()
     return Path(value).expanduser() if value else Path.home() / ".cache" / "vllm_omni"
+
+
+def int4_isa() -> str | None:
+    """The kernel set VLLM_OMNI_INT4_ISA names (lower-cased), or None for automatic."""
+    value = os.environ.get(VLLM_OMNI_INT4_ISA, "").strip().lower()
+    return None if value in ("", "auto") else value

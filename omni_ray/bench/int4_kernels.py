@@ -5,11 +5,12 @@
 1. Stream: every linear of the shape (q/k/v merged, gate/up merged, the head) as its own
    cpu_int4 g128 weight, so nothing is reused from cache. One batch-1 GEMM per weight in layer
    order is one decode step's weight reads. Timed per pass (median of ``--passes``, kernels
-   interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu``, the native GEMV's fp32
-   loop and its int16-VNNI loop, the latter with each weight prefetch mode (into L2, the
-   default, and non-temporal; ``set_weight_prefetch``), and the VNNI loop again on a copy of
-   the weights in vllm_omni's weight arena (``native-vnni-huge``: huge pages, where the engine
-   keeps them; the others read torch's allocations).
+   interleaved pass by pass): torch's ``_weight_int4pack_mm_for_cpu`` (where torch's build reads
+   vllm_omni's layout), the GEMV of every vector kernel set this CPU runs (``native-avx512``,
+   ``native-avx2``; the portable set is left out, it is scalar), the best set's with the other
+   weight prefetch mode (non-temporal instead of into L2; ``set_weight_prefetch``), and again on
+   a copy of the weights in vllm_omni's weight arena (``native-<set>-huge``: huge pages, where
+   the engine keeps them; the others read torch's allocations).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -53,7 +54,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     weights, total = [], 0
     for n, k in shapes:
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+        packed = int4_pack.pack(codes)
         sz = int4_pack.scales_and_zeros(
             torch.rand(n, k // GROUP_SIZE, generator=gen).bfloat16() * 0.01,
             torch.rand(n, k // GROUP_SIZE, generator=gen).bfloat16() * 0.01)
@@ -61,31 +62,37 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         total += packed.numel() + sz.numel() * sz.element_size()
     xs = {k: torch.randn(1, k, generator=gen).bfloat16() for k in {k for k, _, _ in weights}}
     huge = [(k, weight_arena.copy(p), weight_arena.copy(s)) for k, p, s in weights]
-    gemv = torch.ops.vllm_omni_C.int4_gemv
-    # name -> (the VNNI loop's weight prefetch for the pass, or None, the kernel)
-    kernels = {
-        "torch": (None, lambda k, p, s: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            xs[k], p, GROUP_SIZE, s)),
-        "native-fp32": (None, lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, False)),
-        "native-vnni": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
-        "native-vnni-nta": ("nta", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
-        "native-vnni-huge": ("l2", lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, True)),
-    }
+    best = status.kernel_set
+    # name -> (the kernel set, its weight prefetch for the pass, the weights, the kernel)
+    kernels = {}
+    if int4_pack.torch_reads_pack():
+        kernels["torch"] = (None, None, weights, lambda k, p, s: (
+            torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p, GROUP_SIZE, s)))
+    for ks in native.runnable():
+        if ks.name != "portable" and native.load_set(ks.name).available:
+            gemv = native.ops(ks.name).int4_gemv
+            kernels[f"native-{ks.name}"] = (ks.name, "l2", weights,
+                                            lambda k, p, s, g=gemv: g(xs[k], p, s, GROUP_SIZE))
+    gemv = native.ops(best).int4_gemv
+    kernels[f"native-{best}-nta"] = (best, "nta", weights,
+                                     lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
+    kernels[f"native-{best}-huge"] = (best, "l2", huge,
+                                      lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
     ms = {name: [] for name in kernels}
-    default = torch.ops.vllm_omni_C.set_weight_prefetch("l2")
     try:
         for _ in range(passes + 1):  # the first pass warms up and is dropped
-            for name, (prefetch, fn) in kernels.items():
-                if prefetch:
-                    torch.ops.vllm_omni_C.set_weight_prefetch(prefetch)
+            for name, (kset, prefetch, ws, fn) in kernels.items():
+                if kset:
+                    native.ops(kset).set_weight_prefetch(prefetch)
                 t0 = time.perf_counter()
-                for k, p, s in huge if name.endswith("-huge") else weights:
+                for k, p, s in ws:
                     fn(k, p, s)
                 ms[name].append((time.perf_counter() - t0) * 1e3)
     finally:
-        torch.ops.vllm_omni_C.set_weight_prefetch(default)
-    out = {"bytes_per_pass": total, "linears": len(weights), "gemv_variant":
-           native.gemv_variant(), "threads": torch.get_num_threads(), "kernels": {}}
+        for kset in {v[0] for v in kernels.values()} - {None}:
+            native.ops(kset).set_weight_prefetch("l2")
+    out = {"bytes_per_pass": total, "linears": len(weights), "kernel_set": best,
+           "threads": torch.get_num_threads(), "kernels": {}}
     for name, vals in ms.items():
         vals = vals[1:]
         med = statistics.median(vals)

@@ -465,11 +465,11 @@ def run(args: argparse.Namespace) -> Path:
                 kind=f"{KIND}.arm", config={k: v for k, v in arm.items()},
                 measurements=res.get("measurements") or {}, status=res["status"],
                 error=res.get("error"), stderr_tail=res.get("stderr_tail"),
-                pinning=res.get("pinning"), provenance=collect(cpu=False),
+                pinning=res.get("pinning"), provenance=collect(),
                 extra={"arm": {"id": arm["id"], "index": i}, "pass": pass_no,
                        "load_before": load, "wall_s": time.monotonic() - t0,
                        "engine_log": res.get("log"), "log_path": res.get("log_path"),
-                       "patch_report": res.get("patch_report"),
+                       "patch_report": res.get("patch_report"), "kernels": res.get("kernels"),
                        "llama_bench_records": res.get("records")})
             records.append(rec)
             m = rec["measurements"]

@@ -120,7 +120,9 @@ def flipper(switch: str, sampling: dict, llm=None):
 
         return lambda side: gc.enable() if side == "on" else gc.disable()
     if switch == "weight_prefetch":
-        return lambda side: torch.ops.vllm_omni_C.set_weight_prefetch(side)
+        from vllm_omni.ops import native
+
+        return lambda side: native.ops().set_weight_prefetch(side)
     from vllm_omni.patches import compiled_call, cpu_attention, step_overhead
 
     if switch == "attention_kernels":

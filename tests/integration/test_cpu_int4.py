@@ -46,7 +46,11 @@ def _engine_main(spec_path: str, out_path: str) -> None:
     from vllm_omni.patches import compiled_call, cpu_attention
 
     inductor = llm.llm_engine.vllm_config.compilation_config.inductor_compile_config
+    from vllm_omni.ops import int4_linear
+
     torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits,
+                "kernel_set": int4_linear.kernels(),
+                "torch_capability": torch.backends.cpu.get_cpu_capability(),
                 "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python",
                 "dynamic_threads": inductor.get("cpp.dynamic_threads"),
                 "compiled_call": compiled_call.replays()},
@@ -149,14 +153,54 @@ def test_int4_computes_what_its_dequantized_weights_compute(fake_quant, int4):
 
 
 def test_quantized_checkpoint_tracks_bf16(bf16, int4, record_property):
-    """Quantization error itself on the random tiny model (seeded weights, std 0.02)."""
+    """Quantization error itself on the random tiny model (seeded weights, std 0.02). Measured
+    on an AMD EPYC (Zen 5, AVX-512): rel_mae 0.256, argmax agreement 54 of 63 positions; the
+    bounds leave ~20 % for another CPU's bf16 rounding, no more (for unrelated Gaussian logits
+    the relative mean difference is sqrt(2) and the argmax agrees at 1 position in the vocabulary
+    size)."""
     m = _compare(bf16, int4)
     for k, v in m.items():
         record_property(k, v)
     print(f"\ncpu_int4 g128 vs bf16 on tiny: {m}")
     assert len(int4["tokens"]) == GEN_TOKENS
-    assert m["rel_mae"] < 0.4
-    assert m["argmax_agree"] >= 0.5
+    assert m["rel_mae"] < 0.31
+    assert m["argmax_agree"] >= 0.7
+
+
+def _other_sets() -> list[str]:
+    from vllm_omni.ops import native
+
+    in_use = native.kernel_set()
+    return [ks.name for ks in native.runnable() if ks.name != in_use]
+
+
+@pytest.mark.parametrize("kernel_set", _other_sets())
+def test_every_kernel_set_generates_the_same_tokens(work, int4, kernel_set):
+    """One checkpoint, every CPU: an engine forced onto each other kernel set this CPU runs
+    (VLLM_OMNI_INT4_ISA, as an AVX2-only or a non-x86 CPU would pick it) gives the same logits
+    and the same greedy tokens, bit for bit."""
+    tmp, _, dst = work
+    got = _run(tmp, f"int4-{kernel_set}", dst, env_extra={"VLLM_OMNI_INT4_ISA": kernel_set})
+    assert got["kernel_set"] == kernel_set and int4["kernel_set"] != kernel_set
+    import torch
+
+    assert got["tokens"] == int4["tokens"]
+    assert torch.equal(got["logits"], int4["logits"])
+
+
+def test_a_cpu_whose_torch_packs_int4_otherwise_loads_and_generates(work, int4):
+    """The AVX2-only machine of issue 21: torch's int4 pack op lays blocks out otherwise there,
+    and cpu_int4 refused to load. ATEN_CPU_CAPABILITY=avx2 gives this process torch's AVX2
+    kernels; with vllm_omni's native kernels switched off too, the Python fallback (which cannot
+    use torch's int4 GEMM on that layout) must load the checkpoint and compute what the native
+    kernels compute, up to the fallback's rounding."""
+    tmp, _, dst = work
+    got = _run(tmp, "int4-torch-avx2-python", dst,
+               env_extra={"ATEN_CPU_CAPABILITY": "avx2", "VLLM_OMNI_DISABLE_NATIVE_INT4": "1"})
+    assert got["kernel_set"] == "python" and got["torch_capability"] == "AVX2"
+    m = _compare(int4, got)
+    print(f"\nPython fallback on torch's AVX2 kernels vs native: {m}")
+    assert m["rel_mae"] < 0.02 and m["argmax_agree"] >= 0.9
 
 
 def test_quantize_at_load_equals_the_written_checkpoint(work, int4):

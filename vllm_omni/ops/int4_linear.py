@@ -1,13 +1,13 @@
 """``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
 
-Below ``row_threshold`` rows (decode) it runs an int4 GEMM on the packed weight; at or above it
+Below ``row_threshold`` rows (decode) it runs an int4 GEMV on the packed weight; at or above it
 (prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
-(oneDNN), which is faster for many rows. When vllm_omni's native library loads
-(:mod:`vllm_omni.ops.native`), the op's CPU kernel is its C++ twin of :func:`cpu_int4_linear`
-(same branches, same values, no Python per call); the Python function here is the kernel
-otherwise, and runs torch's ``_weight_int4pack_mm_for_cpu`` and the Python unpacking of
-:mod:`int4_pack` where the native kernels cannot (no library, or N not whole 64-row blocks; the
-C++ kernel then uses torch's int4 GEMM for every row count). Being one opaque op,
+(oneDNN), which is faster for many rows. When one of vllm_omni's native kernel sets loads
+(:mod:`vllm_omni.ops.native`: avx512, avx2 or portable), the op's CPU kernel is its C++ twin of
+:func:`cpu_int4_linear` (same branches, same values, no Python per call). Otherwise the Python
+function here is the kernel: decode runs torch's ``_weight_int4pack_mm_for_cpu`` where torch's
+build reads vllm_omni's layout (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only), and
+the dequantized matmul elsewhere (slower, still correct). Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
 ``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
 and must be part of the quantization config (which keys vLLM's compile cache).
@@ -29,8 +29,6 @@ OP_NAME = "cpu_int4_linear"
 _LIB = Library(NAMESPACE, "FRAGMENT")
 _lock = threading.Lock()
 _KERNELS: Optional[str] = None  # set by register()
-# The native kernels take whole blocks of this many rows (torch's AVX-512 pack).
-NATIVE_BLOCK_N = 64
 
 
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
@@ -43,13 +41,12 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if x2.dtype != torch.bfloat16:
         x2 = x2.to(torch.bfloat16)
     rows = x2.shape[0]
-    fast = n % NATIVE_BLOCK_N == 0 and native.available()
-    if rows < row_threshold:
-        if fast:
-            y = torch.ops.vllm_omni_C.int4_gemv(x2, packed, scales_zeros, group_size)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
-                                                           scales_zeros)
+    fast = native.available()
+    if rows < row_threshold and fast:
+        y = native.ops().int4_gemv(x2, packed, scales_zeros, group_size)
+    elif rows < row_threshold and n % int4_pack.BLOCK_N == 0 and int4_pack.torch_reads_pack():
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
+                                                       scales_zeros)
     else:
         y = None
         for r, wt in _dequantize_t_chunks(packed, scales_zeros, group_size, k, fast):
@@ -72,9 +69,10 @@ def _dequantize_t_chunks(packed: torch.Tensor, scales_zeros: torch.Tensor, group
         return
     n = scales_zeros.shape[1]
     step = int4_pack.chunk_rows(k)
+    kernels = native.ops()
     for r in range(0, n, step):
         end = min(n, r + step)
-        yield r, torch.ops.vllm_omni_C.int4_dequant_t(packed, scales_zeros, group_size, r, end)
+        yield r, kernels.int4_dequant_t(packed, scales_zeros, group_size, r, end)
 
 
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
@@ -90,7 +88,7 @@ def cpu_int4_embedding(ids: torch.Tensor, packed: torch.Tensor, scales_zeros: to
                        k: int) -> torch.Tensor:
     """Rows ``ids`` of the packed weight, dequantized: ids [...] -> bf16 [..., K].
 
-    Also an opaque op: the lookup finds the pack layout at run time, which dynamo cannot trace.
+    Also an opaque op, like the linear.
     """
     rows = int4_pack.dequantize_rows(packed, scales_zeros, ids, k)
     return rows.view(*ids.shape, k)
@@ -123,7 +121,7 @@ def register() -> None:
     """Register both ops with vLLM's ``direct_register_custom_op`` (once per process).
 
     Schemas and fake (meta) kernels come from the Python functions here. When the native
-    library (``csrc/int4_cpu.cpp``) loads, it becomes the ops' CPU kernels, so a call costs no
+    kernel set (``csrc/int4_*.cpp``) loads, it becomes the ops' CPU kernels, so a call costs no
     Python; the Python functions are then registered under CompositeExplicitAutograd, which a
     backend kernel outranks, and serve no CPU call. Otherwise they are the CPU kernels.
     ``kernels()`` says which run.
@@ -142,12 +140,13 @@ def register() -> None:
             direct_register_custom_op(name, fn, mutates_args=[], fake_impl=fake, target_lib=_LIB,
                                       dispatch_key=key)
         if use_native:
-            torch.ops.vllm_omni_C.register_kernels()
-        _KERNELS = "native" if use_native else "python"
+            native.ops().register_kernels()
+        _KERNELS = native.kernel_set()
 
 
 def kernels() -> Optional[str]:
-    """Which CPU kernels the ops run here: "native", "python", or None before registration."""
+    """Which CPU kernels the ops run here: a native set ("avx512", "avx2", "portable"), "python",
+    or None before registration."""
     return _KERNELS
 
 

@@ -1,170 +1,143 @@
-"""The one weight layout cpu_int4 keeps at run time: torch's CPU int4 pack, and exact unpacking.
+"""The one weight layout cpu_int4 keeps at run time, owned by vllm_omni, and exact unpacking.
 
-``torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes int32 [N, K], innerKTiles)`` returns
-uint8 [N, K/2] arranged in blocks of ``BLOCK_N`` rows (64 on AVX-512 builds, 32 otherwise; see
-aten/src/ATen/native/cpu/int4mm_kernel.cpp, ``weight_to_int4pack_kernel``). Block b occupies
-bytes ``[b * BLOCK_N * K/2, (b+1) * BLOCK_N * K/2)`` of the flat tensor, k-major inside it:
+The layout (every CPU, every kernel set: ``csrc/int4_avx512.cpp``, ``int4_avx2.cpp``,
+``int4_portable.cpp`` and the Python code here all read it). A weight [N, K] of 4-bit codes is
+uint8 [N, K/2], in blocks of ``BLOCK_N`` = 64 output rows (the last block has the ``w = N % 64``
+rows left, when N is not a multiple of 64). Block b starts at flat byte ``first_row * K/2`` and is
+k-major inside: byte ``k * w/2 + j`` (``j < w/2``) holds row ``j``'s code in its low nibble and
+row ``j + w/2``'s in its high nibble. A full block is 32 bytes per k.
 
-- a full AVX-512 block: byte ``k * 32 + (n % 32)``, row n's code in the low nibble when
-  ``n % 64 < 32``, in the high nibble otherwise;
-- every other block (a partial last block, or any block on non-AVX-512 builds): with
-  ``w = rows in the block``, byte ``k * w/2 + n_local // 2``, the low nibble for even n_local.
+Full blocks are the arrangement torch's AVX-512 build of
+``torch.ops.aten._convert_weight_to_int4pack_for_cpu`` makes; its AVX2 and default builds make
+others (blocks of 32 rows, two neighbouring rows per byte), which is why vllm_omni packs the
+weights itself rather than with torch's op: one checkpoint, one repacked layout on every CPU.
+:func:`torch_reads_pack` probes (never raising) whether torch's own int4 GEMM reads this layout
+here, which lets the Python fallback use it for full blocks.
 
-Which of the two the running torch uses is found once by packing a probe and comparing (see
-:func:`layout`), so unpacking stays exact if the kernel's layout changes; an unknown layout raises
-instead of dequantizing garbage. Rows at or past ``N`` do not exist: N must be a multiple of 16.
-
-Because blocks are independent and laid out in row order, packing in chunks of whole blocks and
+Blocks are independent and laid out in row order, so packing in chunks of whole blocks and
 concatenating gives the same bytes as packing all rows at once: :func:`repack` uses that to keep
-the int32 code buffer small.
+the code buffers small. N must be a multiple of 16 (so that w is even).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import logging
 
 import torch
 
 from vllm_omni.quantization import grid
 
-# innerKTiles argument of the CPU pack op. The CPU kernel checks it but does not change the
-# layout with it; 2 is what torchao passes.
-INNER_K_TILES = 2
+logger = logging.getLogger(__name__)
+
+BLOCK_N = 64
 # Rows whose int32 codes are materialised at once while repacking (times K x 4 bytes).
 REPACK_CHUNK_BYTES = 64 << 20
 
 
-@dataclasses.dataclass(frozen=True)
-class PackLayout:
-    block_n: int  # rows per block
-    split_full_blocks: bool  # full blocks use the "low half / high half" AVX-512 arrangement
-
-    def rows_bytes(self, n: int, k: int) -> list[tuple[int, int, int, bool]]:
-        """(first row, rows, first flat byte, split) for each block of an [n, k] weight."""
-        out, row = [], 0
-        while row < n:
-            w = min(self.block_n, n - row)
-            out.append((row, w, row * k // 2, self.split_full_blocks and w == self.block_n))
-            row += w
-        return out
+def blocks(n: int, k: int) -> list[tuple[int, int, int]]:
+    """(first row, rows w, first flat byte) of each block of an [n, k] weight."""
+    return [(row, min(BLOCK_N, n - row), row * k // 2) for row in range(0, n, BLOCK_N)]
 
 
-def _convert(codes: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        codes.to(torch.int32).contiguous(), INNER_K_TILES)
-
-
-def _pack_with(lay: PackLayout, codes: torch.Tensor) -> torch.Tensor:
-    """Our own implementation of the layout (used only to recognise the kernel's)."""
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """Codes 0..15 [n, k] (any integer dtype) -> the layout, uint8 [n, k/2]."""
     n, k = codes.shape
+    if n % 16 or k % 2:
+        raise ValueError(f"int4 pack: N must be a multiple of 16 and K even, got [{n}, {k}]")
     c = codes.to(torch.uint8)
     flat = torch.empty(n * k // 2, dtype=torch.uint8)
-    for row, w, start, split in lay.rows_bytes(n, k):
-        blk = c[row:row + w].t()  # [k, w]
-        if split:
-            half = w // 2
-            b = blk[:, :half] | (blk[:, half:] << 4)
-        else:
-            b = blk[:, 0::2] | (blk[:, 1::2] << 4)
-        flat[start:start + w * k // 2] = b.reshape(-1)
+    full = n // BLOCK_N
+    if full:
+        blk = c[:full * BLOCK_N].view(full, BLOCK_N, k).transpose(1, 2)  # [full, k, 64]
+        half = BLOCK_N // 2
+        flat[:full * BLOCK_N * k // 2].view(full, k, half).copy_(
+            blk[..., :half] | (blk[..., half:] << 4))
+    if n % BLOCK_N:
+        w = n % BLOCK_N
+        tail = c[full * BLOCK_N:].t()  # [k, w]
+        flat[full * BLOCK_N * k // 2:].view(k, w // 2).copy_(tail[:, :w // 2] | (tail[:, w // 2:] << 4))
     return flat.view(n, k // 2)
 
 
-CANDIDATES = (PackLayout(64, True), PackLayout(32, False), PackLayout(64, False))
-
-
 @functools.cache
-def layout() -> PackLayout:
-    """The layout of this torch build's CPU int4 pack, found by packing a probe once."""
+def torch_reads_pack() -> bool:
+    """Whether torch's ``_weight_int4pack_mm_for_cpu`` reads full blocks of this layout here
+    (torch's AVX-512 build does): its pack op is asked to pack a probe, and the bytes compared.
+    Never raises: an op that is missing or fails means no."""
     gen = torch.Generator().manual_seed(0)
-    probe = torch.randint(0, 16, (80, 64), dtype=torch.int32, generator=gen)  # 1 full + 1 tail
-    got = _convert(probe)
-    for cand in CANDIDATES:
-        if torch.equal(_pack_with(cand, probe), got):
-            return cand
-    raise RuntimeError(
-        "torch.ops.aten._convert_weight_to_int4pack_for_cpu uses a layout vllm_omni does not "
-        f"know (torch {torch.__version__}); cpu_int4 cannot unpack it exactly")
+    probe = torch.randint(0, 16, (BLOCK_N, 64), dtype=torch.int32, generator=gen)
+    try:
+        theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 2)
+    except Exception as exc:  # an op that moved or refuses: the Python path dequantizes instead
+        logger.info("vllm_omni: torch's int4 pack op is not usable here (%s)", exc)
+        return False
+    return theirs.shape == (BLOCK_N, 32) and torch.equal(theirs, pack(probe))
+
+
+def _halves(b: torch.Tensor) -> torch.Tensor:
+    """Bytes [..., w/2] of one k -> codes [..., w]: low nibbles are rows 0..w/2-1, high the rest."""
+    return torch.cat((b & 0x0F, b >> 4), dim=-1)
 
 
 def unpack_codes(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """uint8 codes [n, k] from the CPU pack (exact inverse of the pack op).
+    """uint8 codes [n, k] from the layout (exact inverse of :func:`pack`).
 
     ``packed`` may also be a slice of whole blocks of a bigger pack (``packed[r0:r1]`` with r0 a
     multiple of the block size): blocks are self-contained.
     """
-    lay = layout()
     flat = packed.reshape(-1)
-    bn = lay.block_n
-    full = n // bn
+    full = n // BLOCK_N
     parts = []
     if full:
-        b = flat[:full * bn * k // 2].view(full, k, bn // 2)
-        lo, hi = b & 0x0F, b >> 4
-        if lay.split_full_blocks:
-            blk = torch.cat((lo, hi), dim=-1)  # [full, k, bn]: rows 0..bn/2-1 low, rest high
-        else:
-            blk = torch.stack((lo, hi), dim=-1).reshape(full, k, bn)
-        parts.append(blk.transpose(1, 2).reshape(full * bn, k))
-    if n % bn:
-        w = n % bn
-        b = flat[full * bn * k // 2:].view(k, w // 2)
-        parts.append(torch.stack((b & 0x0F, b >> 4), dim=-1).reshape(k, w).t())
+        b = flat[:full * BLOCK_N * k // 2].view(full, k, BLOCK_N // 2)
+        parts.append(_halves(b).transpose(1, 2).reshape(full * BLOCK_N, k))
+    if n % BLOCK_N:
+        w = n % BLOCK_N
+        parts.append(_halves(flat[full * BLOCK_N * k // 2:].view(k, w // 2)).t())
     return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
 
 
 def gather_codes(packed: torch.Tensor, rows: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """uint8 codes [len(rows), k] of the given rows only (an embedding lookup)."""
-    lay = layout()
     rows = rows.reshape(-1).long()
-    block = rows // lay.block_n
-    first = block * lay.block_n
-    width = torch.clamp(n - first, max=lay.block_n)
+    first = rows // BLOCK_N * BLOCK_N
+    half = torch.clamp(n - first, max=BLOCK_N) // 2
     local = rows - first
-    split = lay.split_full_blocks & (width == lay.block_n)
-    half = width // 2
-    col = torch.where(split, local % half, local // 2)
-    shift = torch.where(split, (local // half) * 4, (local % 2) * 4).to(torch.uint8)
-    # flat byte of (row, kk) = first * k/2 + kk * width/2 + col
-    base = first * (k // 2) + col
+    shift = ((local // half) * 4).to(torch.uint8)
+    # flat byte of (row, kk) = first * k/2 + kk * w/2 + local % (w/2)
+    base = first * (k // 2) + local % half
     idx = base.unsqueeze(1) + torch.arange(k).unsqueeze(0) * half.unsqueeze(1)
     b = packed.reshape(-1)[idx]
     return (b >> shift.unsqueeze(1)) & 0x0F
 
 
 def scales_and_zeros(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """bf16 [N, G] scale and zero -> the kernel's [G, N, 2] (scale, zero)."""
+    """bf16 [N, G] scale and zero -> the kernels' [G, N, 2] (scale, zero)."""
     return torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
 
 
 def dequantize_t(packed: torch.Tensor, sz: torch.Tensor, k: int) -> torch.Tensor:
-    """The transposed weight W^T, bf16 [K, N], from the CPU pack and its [G, N, 2] scales/zeros.
+    """The transposed weight W^T, bf16 [K, N], from the layout and its [G, N, 2] scales/zeros.
 
-    K-major is the pack's own order inside a block, so unpacking copies runs of whole blocks
+    K-major is the layout's own order inside a block, so unpacking copies runs of whole blocks
     instead of transposing element by element, and the scales broadcast as [G, 1, N]. The math
     is done in place: ``q - 8`` (exact in bf16), then ``addcmul`` computes ``(q - 8) * scale + zero``
     in fp32 and rounds once to bf16.
     """
-    lay = layout()
     n = sz.shape[1]
-    bn = lay.block_n
-    full = n // bn
+    full = n // BLOCK_N
+    half = BLOCK_N // 2
     flat = packed.reshape(-1)
     wt = torch.empty(k, n, dtype=torch.bfloat16)
     if full:
-        b = flat[:full * bn * k // 2].view(full, k, bn // 2)
-        dst = wt[:, :full * bn].view(k, full, bn)
-        if lay.split_full_blocks:
-            dst[:, :, :bn // 2].copy_((b & 0x0F).transpose(0, 1))
-            dst[:, :, bn // 2:].copy_((b >> 4).transpose(0, 1))
-        else:
-            dst.copy_(torch.stack((b & 0x0F, b >> 4), dim=-1).reshape(full, k, bn)
-                      .transpose(0, 1))
-    if n % bn:
-        w = n % bn
-        b = flat[full * bn * k // 2:].view(k, w // 2)
-        wt[:, full * bn:].copy_(torch.stack((b & 0x0F, b >> 4), dim=-1).reshape(k, w))
+        b = flat[:full * BLOCK_N * k // 2].view(full, k, half).transpose(0, 1)  # [k, full, 32]
+        dst = wt[:, :full * BLOCK_N].view(k, full, BLOCK_N)
+        dst[:, :, :half].copy_(b & 0x0F)
+        dst[:, :, half:].copy_(b >> 4)
+    if n % BLOCK_N:
+        w = n % BLOCK_N
+        wt[:, full * BLOCK_N:].copy_(_halves(flat[full * BLOCK_N * k // 2:].view(k, w // 2)))
     groups = sz.shape[0]
     v = wt.view(groups, k // groups, n)
     scale = sz[:, :, 0].unsqueeze(1).contiguous()  # strided operands are ~3x slower
@@ -203,16 +176,15 @@ def dequantize_rows(packed: torch.Tensor, sz: torch.Tensor, rows: torch.Tensor, 
 
 def chunk_rows(k: int, chunk_bytes: int = REPACK_CHUNK_BYTES) -> int:
     """Rows per chunk: whole blocks, about ``chunk_bytes`` of 4-byte values per row of K."""
-    block = layout().block_n
-    return max(block, (chunk_bytes // max(1, 4 * k)) // block * block)
+    return max(BLOCK_N, (chunk_bytes // max(1, 4 * k)) // BLOCK_N * BLOCK_N)
 
 
 def repack(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
            chunk_bytes: int = REPACK_CHUNK_BYTES,
            empty=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Checkpoint format -> (CPU pack uint8 [N, K/2], scales_and_zeros bf16 [G, N, 2]).
+    """Checkpoint format -> (the layout uint8 [N, K/2], scales_and_zeros bf16 [G, N, 2]).
 
-    Works in row chunks of whole blocks so only one chunk of int32 codes exists at a time.
+    Works in row chunks of whole blocks so only one chunk of codes exists at a time.
     ``empty(shape, dtype)`` allocates the two results (cpu_int4 passes weight_arena's;
     default: torch's allocator).
     """
@@ -221,8 +193,7 @@ def repack(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     out = _empty(empty, (n, half_k), torch.uint8)
     step = chunk_rows(k, chunk_bytes)
     for r in range(0, n, step):
-        codes = grid.unpack_nibbles(weight_packed[r:r + step])
-        out[r:r + step] = _convert(codes)
+        out[r:r + step] = pack(grid.unpack_nibbles(weight_packed[r:r + step]))
     return out, _placed(scales_and_zeros(scale, zero), empty)
 
 
@@ -242,7 +213,7 @@ def _placed(t: torch.Tensor, empty) -> torch.Tensor:
 def quantize_and_pack(w: torch.Tensor, group_size: int,
                       chunk_bytes: int = REPACK_CHUNK_BYTES,
                       empty=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A bf16 weight [N, K] straight to the CPU pack (quantize at load), in row chunks;
+    """A bf16 weight [N, K] straight to the layout (quantize at load), in row chunks;
     ``empty`` as in :func:`repack`."""
     n, k = w.shape
     out = _empty(empty, (n, k // 2), torch.uint8)
@@ -250,7 +221,7 @@ def quantize_and_pack(w: torch.Tensor, group_size: int,
     step = chunk_rows(k, chunk_bytes)
     for r in range(0, n, step):
         codes, s, z = grid.quantize_codes(w[r:r + step], group_size)
-        out[r:r + step] = _convert(codes)
+        out[r:r + step] = pack(codes)
         scales.append(s)
         zeros.append(z)
     return out, _placed(scales_and_zeros(torch.cat(scales), torch.cat(zeros)), empty)

@@ -13,9 +13,10 @@ Patches:
 - ``vllm.v1.sample.sampler.Sampler.forward``: a step whose requests are all greedy, with no
   logprobs, penalties, bad words, allowed-token mask, active min-tokens or logit-bias state and
   no thinking budget, is an argmax of the logits: vLLM widens them to fp32 and calls
-  ``torch.ops._C.greedy_argmax``, which compares one value at a time. Here
-  ``vllm_omni_C::greedy_argmax`` (``ops/csrc/int4_cpu.cpp``, 16 at a time, the first largest
-  index, as vLLM's) runs on the logits as they are; a NaN in them sends the step to vLLM's.
+  ``torch.ops._C.greedy_argmax``, which compares one value at a time. Here the native kernel
+  set's ``greedy_argmax`` (``ops/csrc/int4_*.cpp``: a vector at a time on AVX-512 and AVX2, one
+  value at a time in the portable set; the first largest index, as vLLM's) runs on the logits
+  as they are; a NaN in them sends the step to vLLM's.
   Any other step, or no native library, is vLLM's function.
 Why: measured in a compiled cpu_int4 decode step of the qwen2.5-0.5b shape (128-token context,
 one request), vLLM's Python around the forward took ~1.7 ms of a ~10.4 ms step; these three
@@ -121,7 +122,7 @@ def apply(target) -> None:
             logger.info("vllm_omni: step_overhead keeps vLLM's sampler: %s", native.load().reason)
             return None
         logger.info("vllm_omni: step_overhead greedy argmax in use")
-        return torch.ops.vllm_omni_C.greedy_argmax
+        return native.ops().greedy_argmax
 
     @functools.wraps(stock_copy)
     def copy_to_gpu(self, n=None):

@@ -11,8 +11,9 @@ Two ways in:
   (``get_config_filenames()`` is empty), vLLM builds :class:`CpuInt4Config` with its defaults and
   every layer is quantized right after loading.
 
-Either way each layer keeps one layout after loading: torch's CPU int4 pack plus bf16
-scales_and_zeros [K/group, N, 2]; the checkpoint tensors are freed. The linear runs as the custom
+Either way each layer keeps one layout after loading: vllm_omni's int4 layout
+(:mod:`vllm_omni.ops.int4_pack`, the same on every CPU) plus bf16 scales_and_zeros
+[K/group, N, 2]; the checkpoint tensors are freed. The linear runs as the custom
 op ``torch.ops.vllm_omni.cpu_int4_linear`` (:mod:`vllm_omni.ops.int4_linear`). The output head
 is quantized too; a tied input embedding shares the head's packed tensors and dequantizes only
 the rows it looks up.

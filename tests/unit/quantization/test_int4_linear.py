@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_omni.ops import int4_linear, int4_pack
+from vllm_omni.ops import int4_linear, int4_pack, native
 from vllm_omni.quantization import grid
 
-N, K = 208, 512  # 3 full AVX-512 blocks and a 16-row tail
+N, K = 208, 512  # 3 full 64-row blocks and a 16-row tail
 
 
 @pytest.fixture(scope="module", params=["registered", "python"])
@@ -39,19 +39,38 @@ def test_op_equals_dequantize_then_matmul(op, group_size, rows):
     assert (dense.float() - ref).abs().max() <= scale * 2 ** -7
 
 
-def test_threshold_picks_the_branch_by_rows(monkeypatch):
-    op = int4_linear.cpu_int4_linear  # the native kernel's branches: test_native.py
-    packed, sz, _ = _layer(128)
+@pytest.mark.parametrize("native_ok,torch_reads,n,rows,want", [
+    (True, True, 208, 3, ["native int4_gemv"]),
+    (True, False, 192, 4, ["native int4_dequant_t"]),
+    (False, True, 192, 3, ["torch int4 GEMM"]),
+    (False, False, 192, 3, ["python dequantize"]),  # torch's build lays blocks out otherwise
+    (False, True, 208, 3, ["python dequantize"]),  # a tail block torch cannot read
+    (False, True, 192, 4, ["python dequantize"]),
+])
+def test_the_python_kernel_picks_its_branch(native_ok, torch_reads, n, rows, want, monkeypatch):
+    """Below the threshold (4 rows) the int4 GEMV: the native set's, else torch's where torch
+    reads the layout; at or above it, or where nothing reads the layout, dequantize + matmul."""
+    w = torch.randn(n, K, generator=torch.Generator().manual_seed(n)).bfloat16()
+    packed, sz = int4_pack.quantize_and_pack(w, 128)
     calls = []
-    real = torch.ops.aten._weight_int4pack_mm_for_cpu
+    real_ops = native.ops()
+
+    class Spy:  # the native set's ops, recording which ran
+        def __getattr__(self, name):
+            real = getattr(real_ops, name)
+            return lambda *a: calls.append(f"native {name}") or real(*a)
+
+    real_torch = torch.ops.aten._weight_int4pack_mm_for_cpu
+    real_chunks = int4_pack.dequantize_t_chunks
+    monkeypatch.setattr(native, "available", lambda: native_ok)
+    monkeypatch.setattr(native, "ops", lambda name=None, spy=Spy(): spy)
+    monkeypatch.setattr(int4_pack, "torch_reads_pack", lambda: torch_reads)
+    monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu",
+                        lambda *a: calls.append("torch int4 GEMM") or real_torch(*a))
     monkeypatch.setattr(int4_pack, "dequantize_t_chunks",
-                        lambda *a, **k: calls.append("dense") or
-                        iter([(0, int4_pack.dequantize_t(packed, sz, K))]))
-    op(torch.randn(3, K).bfloat16(), packed, sz, 128, 4)
-    assert calls == []
-    op(torch.randn(4, K).bfloat16(), packed, sz, 128, 4)
-    assert calls == ["dense"]
-    assert real is torch.ops.aten._weight_int4pack_mm_for_cpu
+                        lambda *a, **k: calls.append("python dequantize") or real_chunks(*a, **k))
+    y = int4_linear.cpu_int4_linear(torch.randn(rows, K).bfloat16(), packed, sz, 128, 4)
+    assert calls == want and y.shape == (rows, n)
 
 
 def test_bias_and_leading_dims(op):

@@ -1,0 +1,226 @@
+// cpu_int4's AVX-512 kernel set (AVX512F/BW/VL/DQ + AVX512_VNNI + AVX512_VBMI), torch.ops
+// namespace vllm_omni_avx512. The layout, the arithmetic every set shares and the ops are in
+// int4_base.h and int4_ops.h.
+//
+// The GEMV. Why not torch's _weight_int4pack_mm_for_cpu: it applies scale and zero to every
+// weight and streamed a 0.5B model's int4 weights at about 12.5 GB/s on two cores of an AVX-512
+// machine. Here the sum over a group is taken on the codes alone, and scale and zero are applied
+// once per group. vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them into an
+// int32 lane: 64 multiply-adds per instruction, and the codes q = 0..15 are already unsigned
+// bytes; x enters as the two signed bytes hi, lo of its fixed point. vpermt2b gathers, from 4 k
+// (two 64-byte loads), dword n = the bytes of k..k+3 that hold rows n and n + 32: its low
+// nibbles are row n's codes, its high ones row n + 32's. Two permutes cover the block's 64 rows
+// in row order. The weights are prefetched 4 KiB ahead into L2 (or non-temporally: measured side
+// by side in one process it was slower, 8-10 % on the weight stream and ~5 % a decode step).
+// An fp32 loop (codes through a vpermps table, fp32 FMAs) was 8-20 % slower on the weight
+// stream and gave other bits than the other sets; it was removed.
+
+#include <immintrin.h>
+
+#include "int4_base.h"
+
+namespace omni {
+namespace isa {
+
+constexpr const char* kName = "avx512";
+constexpr int kRows = 2;  // 8 accumulators per row of x: two rows fill the registers
+
+// Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
+// the inputs are finite bf16 and finite codes).
+inline __m256i fp32x16_to_bf16(__m512 v) {
+  __m512i bits = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// 16 bf16 at p as fp32 (exact: bf16 is the top half of an fp32).
+inline __m512 bf16x16_to_fp32(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// q - 8 for q = 0..15, as floats: the table vpermps looks codes up in.
+inline __m512 code_table() {
+  return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// 16 (scale, zero) bf16 pairs starting at p, as two fp32 vectors.
+inline void load_scale_zero(const at::BFloat16* p, __m512* scale, __m512* zero) {
+  __m512i pair = _mm512_loadu_si512(p);
+  *scale = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+  *zero = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xFFFF0000)));
+}
+
+// vpermt2b index over the 128 bytes of k..k+3: dword n takes byte (first + n) of each k.
+struct QuadIndex {
+  alignas(64) uint8_t bytes[64];
+};
+constexpr QuadIndex quad_index(int first) {
+  QuadIndex q{};
+  for (int n = 0; n < 16; ++n)
+    for (int j = 0; j < 4; ++j) q.bytes[4 * n + j] = static_cast<uint8_t>(32 * j + first + n);
+  return q;
+}
+constexpr QuadIndex kRowsLo = quad_index(0), kRowsHi = quad_index(16);
+
+void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
+                 float* step, int32_t* csum, float* xsum) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t g = 0; g < K / gs; ++g) {
+    __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      const __m512 v = bf16x16_to_fp32(x + k);
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign));
+      sum = _mm512_add_ps(sum, v);
+    }
+    const float top = _mm512_reduce_max_ps(amax);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    xsum[g] = reduce16(lanes);  // the order written out, whatever the compiler's reduce does
+    step[g] = top / kFixedMax;
+    const __m512 inv = _mm512_set1_ps(top > 0 ? kFixedMax / top : 0.0f);
+    const __m512i bound = _mm512_set1_epi32(kFixedMax);
+    __m512i codes = _mm512_setzero_si512();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
+      c = _mm512_max_epi32(_mm512_min_epi32(c, bound), _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                                        bound));
+      codes = _mm512_add_epi32(codes, c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k),
+                       _mm512_cvtepi32_epi8(_mm512_srai_epi32(c, 7)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k),
+                       _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(127))));
+    }
+    csum[g] = _mm512_reduce_add_epi32(codes);
+  }
+}
+
+template <int M, int Hint>
+void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0, int64_t K,
+                int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out, int64_t ldo) {
+  const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
+  const __m512i index_hi = _mm512_load_si512(kRowsHi.bytes);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const int64_t G = K / gs;
+  __m512 o[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i) o[m][i] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i ah[M][4], al[M][4];  // sum q * hi and sum q * lo, rows 16i .. 16i + 15
+    for (int m = 0; m < M; ++m)
+      for (int i = 0; i < 4; ++i) ah[m][i] = al[m][i] = _mm512_setzero_si512();
+    const uint8_t* p = w + g * gs * 32;
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, static_cast<_mm_hint>(Hint));
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 4096 + 64, static_cast<_mm_hint>(Hint));
+      const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+      const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);  // rows 0..15 | 32..47
+      const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);  // 16..31 | 48..63
+      const __m512i q[4] = {_mm512_and_si512(rows_lo, nibble), _mm512_and_si512(rows_hi, nibble),
+                            _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble),
+                            _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble)};
+      for (int m = 0; m < M; ++m) {
+        int32_t h, l;
+        std::memcpy(&h, fx.hi.data() + (m0 + m) * K + k, sizeof(h));
+        std::memcpy(&l, fx.lo.data() + (m0 + m) * K + k, sizeof(l));
+        const __m512i xh = _mm512_set1_epi32(h), xl = _mm512_set1_epi32(l);
+        for (int i = 0; i < 4; ++i) {
+          ah[m][i] = _mm512_dpbusd_epi32(ah[m][i], q[i], xh);
+          al[m][i] = _mm512_dpbusd_epi32(al[m][i], q[i], xl);
+        }
+      }
+    }
+    // sum (q - 8) * c = 128 * sum q * hi + sum q * lo - 8 * sum c, then scale and zero.
+    const at::BFloat16* s = sz + (g * n_total + n0) * 2;
+    for (int i = 0; i < 4; ++i) {
+      __m512 scale, zero;
+      load_scale_zero(s + i * 32, &scale, &zero);
+      for (int m = 0; m < M; ++m) {
+        const int64_t mg = (m0 + m) * G + g;
+        const __m512i dot = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32(ah[m][i], 7), al[m][i]),
+            _mm512_set1_epi32(8 * fx.csum[mg]));
+        o[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                  _mm512_mul_ps(scale, _mm512_set1_ps(fx.step[mg])), o[m][i]);
+        o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(fx.xsum[mg]), o[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (m0 + m) * ldo + n0 + 16 * i),
+                          fp32x16_to_bf16(o[m][i]));
+}
+
+template <int Hint>
+void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
+             int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
+             int64_t ldo) {
+  constexpr int kHint = Hint ? _MM_HINT_NTA : _MM_HINT_T1;
+  if (rows == 2)
+    block_vnni<2, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else
+    block_vnni<1, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+}
+
+// One group of W^T for a full block: gs rows of 64 contiguous bf16, `ld` apart. p: the group's
+// first byte; sz: the block's first (scale, zero) pair of the group.
+void dequant64(const uint8_t* p, const at::BFloat16* sz, int64_t gs, at::BFloat16* out,
+               int64_t ld) {
+  const __m512 lut = code_table();
+  __m512 scale[4], zero[4];
+  for (int j = 0; j < 4; ++j) load_scale_zero(sz + 32 * j, &scale[j], &zero[j]);
+  for (int64_t k = 0; k < gs; ++k, p += 32, out += ld) {
+    __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    const __m512 q[4] = {_mm512_permutexvar_ps(d0, lut), _mm512_permutexvar_ps(d1, lut),
+                         _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut),
+                         _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut)};
+    for (int j = 0; j < 4; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * j),
+                          fp32x16_to_bf16(_mm512_fmadd_ps(q[j], scale[j], zero[j])));
+  }
+}
+
+// The greedy argmax: 16 values per instruction, a pass for the maximum and one for the first
+// index that holds it (torch's argmax compares one value at a time: ~36 us at a 32k vocabulary).
+inline __m512 load16(const at::BFloat16* p) { return bf16x16_to_fp32(p); }
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_masked(const at::BFloat16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16_masked(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+template <typename T>
+int64_t argmax(const T* row, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = load16(row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+  if (tail) {
+    const __m512 v =
+        _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), tail, load16_masked(row + i, tail));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  if (nan) return -1;
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __mmask16 eq = _mm512_cmp_ps_mask(load16(row + i), m, _CMP_EQ_OQ);
+    if (eq) return i + __builtin_ctz(eq);
+  }
+  const __mmask16 eq = _mm512_mask_cmp_ps_mask(tail, load16_masked(row + i, tail), m, _CMP_EQ_OQ);
+  return eq ? i + __builtin_ctz(eq) : 0;  // all -inf: the first, as torch's argmax
+}
+
+}  // namespace isa
+}  // namespace omni
+
+#include "int4_ops.h"

@@ -1,0 +1,154 @@
+// What every kernel set of cpu_int4 shares (int4_avx512.cpp, int4_avx2.cpp, int4_portable.cpp):
+// the layout, the fixed-point form of x, and scalar kernels that any block width can use.
+//
+// The layout (vllm_omni/ops/int4_pack.py): a weight [N, K] of 4-bit codes in blocks of 64 output
+// rows (the last block has N % 64 rows when N is not a multiple of 64), k-major inside a block:
+// for a block of w rows, byte k * w/2 + j holds row j's code in its low nibble and row j + w/2's
+// in its high one. scales_zeros is bf16 [G, N, 2] (scale, zero); w = (q - 8) * scale + zero.
+//
+// The GEMV's arithmetic is the same on every kernel set, so that all of them give the same bits:
+//   x goes in as 15-bit fixed point per group: c = round(x / step), step = max|x| / 16383 (c in
+//   -16383..16383, so c = 128 * hi + lo with hi in -128..127 and lo in 0..127). The integer sum
+//   dot = sum_k q * c - 8 * sum_k c is exact, whatever the order; then, group after group,
+//     y = fma(float(dot), scale * step, y);  y = fma(zero, xsum, y)
+//   with xsum the fp32 sum of x over the group, taken in 16 lanes (lane l adds k = l mod 16 in
+//   order) reduced as 8 + 8, 4 + 4, then (0 + 2) + (1 + 3): the order of AVX-512's
+//   _mm512_reduce_add_ps, which every set reproduces. c's rounding is at most 2^-15 of the
+//   group's largest |x|, 64 times below bf16's own rounding of that element.
+// The dequantization (prefill) is fma(q - 8, scale, zero) rounded to bf16, also the same bits
+// on every set and in Python (the product is exact in fp32).
+//
+// Everything here is built with -ffp-contract=off, so no compiler fuses what is written apart.
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace omni {
+
+constexpr int kBlockN = 64;
+constexpr int kFixedMax = 16383;
+
+// x of M rows in fixed point: hi, lo (K bytes per row), and per row and group the step, the
+// code sum and the fp32 sum of x.
+struct FixedX {
+  std::vector<int8_t> hi, lo;
+  std::vector<float> step, xsum;
+  std::vector<int32_t> csum;
+};
+
+inline float bf16_to_float(at::BFloat16 v) { return static_cast<float>(v); }
+
+// Round to nearest even, as torch's float -> bfloat16 conversion (no NaN reaches here).
+inline at::BFloat16 to_bf16(float v) { return at::BFloat16(v); }
+
+// The sum of 16 lane partial sums in the order of _mm512_reduce_add_ps.
+inline float reduce16(const float* s) {
+  float t[8], u[4];
+  for (int i = 0; i < 8; ++i) t[i] = s[i + 8] + s[i];
+  for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+// Scalar fixed_point: the definition the vector ones reproduce bit for bit.
+inline void fixed_point_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi,
+                               int8_t* lo, float* step, int32_t* csum, float* xsum) {
+  for (int64_t g = 0; g < K / gs; ++g) {
+    float amax = 0.0f, lanes[16] = {};
+    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+      const float v = bf16_to_float(x[k]);
+      amax = std::max(amax, std::fabs(v));
+      lanes[(k - g * gs) % 16] += v;
+    }
+    xsum[g] = reduce16(lanes);
+    step[g] = amax / kFixedMax;
+    const float inv = amax > 0 ? kFixedMax / amax : 0.0f;
+    int32_t codes = 0;
+    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+      int32_t c = static_cast<int32_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
+      c = std::min(kFixedMax, std::max(-kFixedMax, c));
+      codes += c;
+      hi[k] = static_cast<int8_t>(c >> 7);
+      lo[k] = static_cast<int8_t>(c & 127);
+    }
+    csum[g] = codes;
+  }
+}
+
+// The float finishing of one group for `n` rows: dot (exact ints) -> y.
+inline void finish_group(const int32_t* dot, int64_t n, const at::BFloat16* sz, float step,
+                         int32_t csum, float xsum, float* y) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float scale = bf16_to_float(sz[2 * j]), zero = bf16_to_float(sz[2 * j + 1]);
+    y[j] = std::fma(static_cast<float>(dot[j] - 8 * csum), scale * step, y[j]);
+    y[j] = std::fma(zero, xsum, y[j]);
+  }
+}
+
+// One block of `w` rows (w even, <= 64) for rows m0 .. m0 + rows - 1 of x: any kernel set's tail
+// block, and every block of the portable set.
+inline void block_scalar(int rows, const uint8_t* blk, int64_t w, const at::BFloat16* sz,
+                         int64_t n_total, int64_t n0, int64_t K, int64_t gs, const FixedX& fx,
+                         int64_t m0, at::BFloat16* out, int64_t ldo) {
+  const int64_t G = K / gs, half = w / 2;
+  for (int m = 0; m < rows; ++m) {
+    const int8_t* hi = fx.hi.data() + (m0 + m) * K;
+    const int8_t* lo = fx.lo.data() + (m0 + m) * K;
+    float y[kBlockN] = {};
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t dot[kBlockN] = {};
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+        const uint8_t* p = blk + k * half;
+        const int32_t c = 128 * hi[k] + lo[k];
+        for (int64_t j = 0; j < half; ++j) {
+          dot[j] += (p[j] & 0x0F) * c;
+          dot[j + half] += (p[j] >> 4) * c;
+        }
+      }
+      const int64_t mg = (m0 + m) * G + g;
+      finish_group(dot, w, sz + (g * n_total + n0) * 2, fx.step[mg], fx.csum[mg], fx.xsum[mg], y);
+    }
+    for (int64_t j = 0; j < w; ++j) out[(m0 + m) * ldo + n0 + j] = to_bf16(y[j]);
+  }
+}
+
+// W^T rows of one group for a block of `w` rows: out[k][j] for k in the group, j < w.
+inline void dequant_scalar(const uint8_t* blk, int64_t w, const at::BFloat16* sz_g, int64_t gs,
+                           int64_t k0, at::BFloat16* out, int64_t ld) {
+  const int64_t half = w / 2;
+  for (int64_t k = k0; k < k0 + gs; ++k, out += ld) {
+    const uint8_t* p = blk + k * half;
+    for (int64_t j = 0; j < w; ++j) {
+      const int q = j < half ? (p[j] & 0x0F) : (p[j - half] >> 4);
+      out[j] = to_bf16(std::fma(static_cast<float>(q - 8), bf16_to_float(sz_g[2 * j]),
+                                bf16_to_float(sz_g[2 * j + 1])));
+    }
+  }
+}
+
+// Per row, the index of the first largest value; -1 if the row holds a NaN.
+template <typename T>
+int64_t argmax_scalar(const T* row, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(row[i]);
+    if (std::isnan(v)) return -1;
+    if (v > best) best = v, at = i;
+  }
+  return at;
+}
+
+}  // namespace omni

@@ -1,0 +1,258 @@
+// The ops of one kernel set, included at the end of int4_avx512.cpp, int4_avx2.cpp and
+// int4_portable.cpp after each has defined, in namespace omni::isa:
+//   kName                       the set's name ("avx512", "avx2", "portable")
+//   kRows                       rows of x per pass over a block
+//   fixed_point(...)            omni::fixed_point_scalar's bits, vectorised
+//   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
+//                               L2, 1 = non-temporal; a set may ignore it)
+//   dequant64(...)              one group of W^T for one full block
+//   argmax(row, n)              per row of bf16 / fp32 logits (see greedy_argmax)
+// and OMNI_NS, the torch.ops namespace of this library (vllm_omni_<set>). Every set's library can
+// be loaded into one process (each has its own namespace): tests compare them bit for bit.
+//
+// OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size): y = x @ W^T for a few rows of x.
+// OMNI_NS::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): bf16 W^T
+//   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
+// OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
+//   largest value as int64; an empty tensor if any row holds a NaN (the caller then takes vLLM's
+//   own path for that step). Used by the step_overhead patch's greedy sampler.
+// OMNI_NS::register_kernels(): makes this set's cpu_int4_linear / cpu_int4_embedding the CPU
+//   kernels of the vllm_omni ops (defined in vllm_omni/ops/int4_linear.py); one set per process.
+// OMNI_NS::set_weight_prefetch(mode): "l2" (default) or "nta", process-wide, for benchmarks.
+
+#pragma once
+
+#define OMNI_STR2(x) #x
+#define OMNI_STR(x) OMNI_STR2(x)
+#define OMNI_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define OMNI_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+namespace omni {
+namespace {
+
+std::atomic<bool> g_prefetch_nta{false};
+
+std::string set_weight_prefetch(const std::string& mode) {
+  TORCH_CHECK(mode == "nta" || mode == "l2",
+              "set_weight_prefetch: mode must be 'nta' or 'l2', got '", mode, "'");
+  return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
+}
+
+std::string kernel_set() { return isa::kName; }
+
+void check_pack(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t K,
+                int64_t group_size) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed: uint8");
+  TORCH_CHECK(scales_zeros.dim() == 3 && scales_zeros.size(2) == 2 &&
+                  scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous(),
+              "scales_zeros: bf16 [G, N, 2]");
+  const int64_t N = scales_zeros.size(1);
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && K == scales_zeros.size(0) * group_size,
+              "K must be G * group_size, group_size a multiple of 16");
+  TORCH_CHECK(N % 16 == 0, "N must be a multiple of 16");
+  TORCH_CHECK(packed.numel() == N * K / 2, "packed must hold N * K / 2 bytes");
+}
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
+                     const at::Tensor& scales_zeros, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
+  const int64_t G = scales_zeros.size(0);
+  check_pack(packed, scales_zeros, K, group_size);
+  const at::Tensor xc = x.contiguous();
+  const at::BFloat16* xin = xc.data_ptr<at::BFloat16>();
+  // x in fixed point once, before the threads start.
+  FixedX fx;
+  fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
+      fx.csum.resize(M * G);
+  for (int64_t m = 0; m < M; ++m)
+    isa::fixed_point(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.lo.data() + m * K,
+                     fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const int64_t full = N / kBlockN, tail = N % kBlockN;
+  const bool nta = g_prefetch_nta.load(std::memory_order_relaxed);
+  at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* wb = w + b * kBlockN * K / 2;
+      for (int64_t m0 = 0; m0 < M; m0 += isa::kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
+        if (b == full)
+          block_scalar(rows, wb, tail, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+        else if (nta)
+          isa::block64<1>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+        else
+          isa::block64<0>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zeros,
+                          int64_t group_size, int64_t n_begin, int64_t n_end) {
+  const int64_t N = scales_zeros.size(1);
+  const int64_t G = scales_zeros.size(0);
+  const int64_t K = G * group_size;
+  check_pack(packed, scales_zeros, K, group_size);
+  TORCH_CHECK(0 <= n_begin && n_begin <= n_end && n_end <= N && n_begin % kBlockN == 0 &&
+                  (n_end % kBlockN == 0 || n_end == N),
+              "n_begin, n_end: multiples of 64 (n_end may be N) within [0, N]");
+  const int64_t width = n_end - n_begin;
+  at::Tensor wt = at::empty({K, width}, scales_zeros.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = wt.data_ptr<at::BFloat16>();
+  // One task per (group, block): it writes K/G rows of the block's columns.
+  const int64_t blocks = (width + kBlockN - 1) / kBlockN;
+  at::parallel_for(0, G * blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t g = t / blocks, n0 = n_begin + (t % blocks) * kBlockN;
+      const int64_t rows = std::min<int64_t>(kBlockN, N - n0);
+      const uint8_t* blk = w + n0 * K / 2;
+      const at::BFloat16* szg = sz + (g * N + n0) * 2;
+      at::BFloat16* out = dst + g * group_size * width + (n0 - n_begin);
+      if (rows == kBlockN)
+        isa::dequant64(blk + g * group_size * kBlockN / 2, szg, group_size, out, width);
+      else
+        dequant_scalar(blk, rows, szg, group_size, g * group_size, out, width);
+    }
+  });
+  return wt;
+}
+
+// ---- The kernels of the vllm_omni ops themselves -----------------------------------------
+//
+// vllm_omni::cpu_int4_linear and cpu_int4_embedding are defined (schema and fake) in Python,
+// vllm_omni/ops/int4_linear.py, which also holds their Python implementations. When a kernel
+// set loads, Python asks it (register_kernels) to be their CPU kernels instead: a decode step
+// calls the linear about a hundred times, and the Python body cost about 8 us per call, more than
+// the GEMV itself takes for a small weight. Same branches and same values as the Python ones.
+
+// Rows of W^T dequantized at once on the many-row path: whole blocks, about 64 MiB of fp32-sized
+// values (int4_pack.chunk_rows with REPACK_CHUNK_BYTES).
+int64_t chunk_rows(int64_t K) {
+  const int64_t rows = ((int64_t{64} << 20) / std::max<int64_t>(1, 4 * K)) / kBlockN * kBlockN;
+  return std::max<int64_t>(kBlockN, rows);
+}
+
+at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
+                           const at::Tensor& scales_zeros, int64_t group_size,
+                           int64_t row_threshold, const std::optional<at::Tensor>& bias) {
+  const int64_t K = x.size(-1), N = scales_zeros.size(1);
+  at::Tensor x2 = x.reshape({-1, K});
+  if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
+  x2 = x2.contiguous();
+  const int64_t rows = x2.size(0);
+  at::Tensor y;
+  if (rows < row_threshold) {
+    y = int4_gemv(x2, packed, scales_zeros, group_size);
+  } else {
+    const int64_t step = chunk_rows(K);
+    if (step >= N) {
+      y = at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, 0, N));
+    } else {
+      y = at::empty({rows, N}, x2.options());
+      for (int64_t r = 0; r < N; r += step) {
+        const int64_t end = std::min(N, r + step);
+        y.narrow(1, r, end - r).copy_(
+            at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, r, end)));
+      }
+    }
+  }
+  if (bias.has_value()) y = y + bias->to(y.scalar_type());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(N);
+  return y.view(shape).to(x.scalar_type());
+}
+
+// Rows `ids` of the weight, dequantized: ids [...] -> bf16 [..., K].
+at::Tensor cpu_int4_embedding(const at::Tensor& ids, const at::Tensor& packed,
+                              const at::Tensor& scales_zeros, int64_t K) {
+  const int64_t N = scales_zeros.size(1), G = scales_zeros.size(0);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == N * K / 2 && scales_zeros.is_contiguous() &&
+                  scales_zeros.scalar_type() == at::kBFloat16 && K % G == 0,
+              "cpu_int4_embedding: packed uint8 [N, K/2], scales_zeros bf16 [G, N, 2]");
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong).contiguous();
+  const int64_t T = flat.numel(), gs = K / G;
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(K);
+  at::Tensor out = at::empty(shape, scales_zeros.options());
+  const int64_t* id = flat.data_ptr<int64_t>();
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = out.data_ptr<at::BFloat16>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(0 <= id[t] && id[t] < N, "cpu_int4_embedding: id ", id[t], " out of [0, ", N, ")");
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = id[t], first = n / kBlockN * kBlockN, local = n - first;
+      const int64_t half = std::min<int64_t>(kBlockN, N - first) / 2;
+      // byte k * w/2 + local % (w/2) of its block; the high nibble for the second half of rows
+      const uint8_t* p = w + first * K / 2 + local % half;
+      const int shift = local >= half ? 4 : 0;
+      at::BFloat16* o = dst + t * K;
+      for (int64_t g = 0; g < G; ++g) {
+        const float scale = static_cast<float>(sz[(g * N + n) * 2]);
+        const float zero = static_cast<float>(sz[(g * N + n) * 2 + 1]);
+        for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+          const int q = (p[k * half] >> shift) & 0x0F;
+          o[k] = at::BFloat16(std::fma(static_cast<float>(q - 8), scale, zero));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor greedy_argmax(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0,
+              "greedy_argmax: logits must be 2-D [rows, vocab]");
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat,
+              "greedy_argmax: logits must be bf16 or fp32, got ", logits.scalar_type());
+  const at::Tensor x = logits.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    o[r] = x.scalar_type() == at::kFloat ? isa::argmax(x.data_ptr<float>() + r * n, n)
+                                         : isa::argmax(x.data_ptr<at::BFloat16>() + r * n, n);
+    if (o[r] < 0) return at::empty({0}, out.options());  // a NaN
+  }
+  return out;
+}
+
+// Makes this set the CPU kernels of the two vllm_omni ops (their schemas must be defined).
+void register_kernels() {
+  static torch::Library* lib = [] {
+    auto* l = new torch::Library(torch::Library::IMPL, "vllm_omni", c10::DispatchKey::CPU,
+                                 __FILE__, __LINE__);
+    l->impl("cpu_int4_linear", TORCH_FN(cpu_int4_linear));
+    l->impl("cpu_int4_embedding", TORCH_FN(cpu_int4_embedding));
+    return l;
+  }();
+  (void)lib;
+}
+
+}  // namespace
+}  // namespace omni
+
+OMNI_LIBRARY(OMNI_NS, m) {
+  m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.def(
+      "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
+      "int n_end) -> Tensor");
+  m.def("register_kernels() -> ()", &omni::register_kernels);
+  m.def("set_weight_prefetch(str mode) -> str", &omni::set_weight_prefetch);
+  m.def("kernel_set() -> str", &omni::kernel_set);
+  m.def("greedy_argmax(Tensor logits) -> Tensor");
+}
+
+OMNI_LIBRARY_IMPL(OMNI_NS, CPU, m) {
+  m.impl("int4_gemv", &omni::int4_gemv);
+  m.impl("int4_dequant_t", &omni::int4_dequant_t);
+  m.impl("greedy_argmax", &omni::greedy_argmax);
+}
