@@ -16,7 +16,7 @@ def _num(value, spec: str) -> str:
 
 
 def print_plan(planned, passes, stream) -> None:
-    from omni_ray.placement.cluster import local_slots
+    from omni_ray.topology import local_slots
 
     for sweep, arms, out_dir in planned:
         n_pass = passes or sweep.passes

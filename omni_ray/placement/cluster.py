@@ -12,7 +12,7 @@ import json
 import os
 
 from omni_ray.errors import UserError
-from omni_ray.topology import Slot, detect, make_slots
+from omni_ray.topology import detect, make_slots
 
 PREFIX = "omni_slot_"
 NAMESPACE = "omni-ray"
@@ -20,10 +20,6 @@ NAMESPACE = "omni-ray"
 
 def resource_name(slot_cores: int | None, slot_name: str) -> str:
     return f"{PREFIX}c{slot_cores or 0}_{slot_name}"
-
-
-def local_slots(slot_cores: int | None, nodes=None) -> list[Slot]:
-    return make_slots(detect(), slot_cores, nodes)
 
 
 def ray_resources(slot_sizes) -> dict[str, float]:
