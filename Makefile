@@ -1,5 +1,7 @@
 # The two set-up commands of the README. Each creates .venv on a fresh machine first.
-.PHONY: demo test setup
+# make test-fast: the unit tests alone (no vLLM engine, no Ray, no C++ build in-process), for
+# the edit-test loop; make test (what CI runs) is the whole suite.
+.PHONY: demo test test-fast setup
 
 setup:
 	@bash scripts/setup.sh
@@ -9,3 +11,6 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q tests
+
+test-fast: setup
+	.venv/bin/python -m pytest -q tests/unit -m "not native" --timeout 120

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from omni_ray import events
 from omni_ray.config import Arm, SweepConfig, expand, load_sweeps, sweep_from_dict
 from omni_ray.errors import UserError
 
@@ -88,8 +88,14 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
 def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
               out: str | os.PathLike | None = None, resume: bool = False,
               passes: int | None = None, dry_run: bool = False, allow_busy: bool = False,
-              busy_wait_s: float = 30.0, progress: bool = False, stream=None) -> SweepReport:
-    """Run sweeps on every free slot of a local Ray (started here) or of ``address``."""
+              busy_wait_s: float = 30.0,
+              on_event: events.Consumer | None = None) -> SweepReport:
+    """Run sweeps on every free slot of a local Ray (started here) or of ``address``.
+
+    ``on_event`` receives what the run emits (``omni_ray.events``): the plan of a dry run, each
+    arm pass started and recorded, the end. The CLI passes its terminal view.
+    """
+    emit = on_event or events.ignore
     sweeps = load_sweep(config_or_paths)
     if passes is not None and passes < 1:
         raise UserError(f"--passes: must be >= 1, got {passes}")
@@ -98,16 +104,10 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     planned = [(s, expand(s), _run_dir(root, s.name, run_id, resume)) for s in sweeps]
     arms = [a for _s, sweep_arms, _o in planned for a in sweep_arms]
     report = SweepReport(run_id, {s.name: o for s, _a, o in planned}, arms, [], {})
-    stream = stream or sys.stdout
     if dry_run:
-        from omni_ray.cli.display import print_plan
-
-        print_plan(planned, passes, stream)
+        emit(events.Planned(tuple((s, tuple(a), o) for s, a, o in planned), passes))
         return report
 
-    import ray
-
-    from omni_ray.cli.display import Progress
     from omni_ray.engine.budget import budget_problem
     from omni_ray.placement import cluster
     from omni_ray.placement.coordinator import (
@@ -118,15 +118,15 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     todo = {size: [t for t in tasks if not (resume and already_done(t))]
             for size, tasks in groups.items()}
     report.skipped = sum(len(t) for t in groups.values()) - sum(len(t) for t in todo.values())
-    display = Progress(stream, enabled=progress)
-    owns_ray = not ray.is_initialized()
-    with host_lock():
-        ctx = cluster.connect(address, list(dict.fromkeys(g.slot_cores for g in groups)))
+    slot_sizes = list(dict.fromkeys(g.slot_cores for g in groups))
+    with host_lock(), cluster.session(address, slot_sizes) as ctx:
         report.dashboard_url = getattr(ctx, "dashboard_url", None)
-        coord = Coordinator(run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
-                            events=Events(on_dispatch=display.dispatch,
-                                          on_record=display.record))
-        display.start(sum(len(t) for t in todo.values()), report.skipped, report.dashboard_url)
+        coord = Coordinator(
+            run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
+            events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
+                          on_record=lambda task, record: emit(events.ArmDone(task, record))))
+        emit(events.Started(sum(len(t) for t in todo.values()), report.skipped,
+                            report.dashboard_url))
         try:
             for group, tasks in todo.items():
                 runnable = []
@@ -146,7 +146,5 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             for sweep, sweep_arms, out_dir in planned:
                 if out_dir.is_dir():
                     report.summaries[sweep.name] = write_summary(sweep, sweep_arms, out_dir)
-            if owns_ray:  # a local Ray stops; a cluster's driver only disconnects
-                ray.shutdown()
-    display.finish(report)
+    emit(events.Finished(report))
     return report

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from omni_ray.bench.common import median_of, save, spread_pct
 from omni_ray.engine.launch import launch_arm
-from omni_ray.placement.cluster import local_slots, resource_name
+from omni_ray.placement.cluster import resource_name
+from omni_ray.topology import local_slots
 
 METRICS = ("rss_anon_tree_mb", "decode_tok_s", "prefill_tok_s", "init_s")
 

@@ -1,8 +1,13 @@
-"""What the sweep verb prints: the plan of a dry run, and a live line per arm while it runs."""
+"""What the sweep verb prints: the plan of a dry run, and a live line per arm while it runs.
+
+``Progress`` is a consumer of the run's events (``omni_ray.events``), passed to ``run_sweep``.
+"""
 
 from __future__ import annotations
 
 import time
+
+from omni_ray import events
 
 
 def _fmt_s(s: float) -> str:
@@ -16,7 +21,7 @@ def _num(value, spec: str) -> str:
 
 
 def print_plan(planned, passes, stream) -> None:
-    from omni_ray.placement.cluster import local_slots
+    from omni_ray.topology import local_slots
 
     for sweep, arms, out_dir in planned:
         n_pass = passes or sweep.passes
@@ -30,10 +35,25 @@ def print_plan(planned, passes, stream) -> None:
 
 
 class Progress:
-    def __init__(self, stream, enabled: bool) -> None:
+    """The terminal view: ``progress(event)`` prints what a sweep emits."""
+
+    def __init__(self, stream, enabled: bool = True) -> None:
         self.stream, self.enabled = stream, enabled
         self.total = self.done = self.failed = self.running = 0
         self.t0 = time.monotonic()
+
+    def __call__(self, event: events.Event) -> None:
+        match event:
+            case events.Planned(planned, passes):
+                print_plan(planned, passes, self.stream)
+            case events.Started(total, skipped, dashboard_url):
+                self.start(total, skipped, dashboard_url)
+            case events.ArmStarted(task, slot):
+                self.dispatch(task, slot)
+            case events.ArmDone(task, record):
+                self.record(task, record)
+            case events.Finished(report):
+                self.finish(report)
 
     def _say(self, text: str) -> None:
         if self.enabled:

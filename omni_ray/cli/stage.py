@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from omni_ray.engine.budget import budget_problem
     from omni_ray.engine.launch import launch_arm
     from omni_ray.errors import UserError
-    from omni_ray.placement.cluster import local_slots
+    from omni_ray.topology import local_slots
     from omni_ray.results.record import make_record
     from omni_ray.results.store import write_json_atomic
 

@@ -21,12 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from omni_ray.api import run_sweep
+    from omni_ray.cli.display import Progress
 
     report = run_sweep(args.files, address=args.address, out=args.out, resume=args.resume,
                        passes=args.passes, dry_run=args.dry_run, allow_busy=args.allow_busy,
-                       busy_wait_s=args.busy_wait,
-                       progress=True)
+                       busy_wait_s=args.busy_wait, on_event=Progress(sys.stdout))
     if args.dry_run:
         return 0
     if report.refused:

@@ -19,8 +19,6 @@ from typing import Any
 
 from omni_ray.errors import ConfigError
 from omni_ray.models.shapes import SHAPES
-from vllm_omni import envs as omni_envs
-from vllm_omni import patches as omni_patches
 
 Check = Callable[[Any, "Where"], Any]
 
@@ -212,7 +210,13 @@ def model(value: object, where: Where) -> str:
     raise where.error(f"not a directory and not a shape ({', '.join(SHAPES)})", value)
 
 
-PATCHES = tuple(p.NAME for p in omni_patches.PATCHES)  # vllm_omni's own list (no vLLM import)
+# vllm_omni's patches, in its apply order, and its off switches. Written out so a sweep file
+# validates without importing vllm_omni (config imports neither vLLM nor its plugin);
+# tests/unit/patches/test_names.py fails when vllm_omni.patches.PATCHES or vllm_omni.envs differ.
+PATCHES = ("aot_cache", "kv_budget", "inductor_config", "release_memory", "cpu_attention",
+           "step_overhead", "compiled_call")
+PATCHES_OFF = "VLLM_OMNI_DISABLE"           # vllm_omni.envs.VLLM_OMNI_DISABLE: every patch off
+PATCH_OFF_PREFIX = "VLLM_OMNI_DISABLE_"     # vllm_omni.envs.DISABLE_PREFIX + NAME.upper()
 
 
 def patch_names(value: object, where: Where) -> tuple[str, ...]:
@@ -235,8 +239,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # over it, and configs/patches_ab.yaml sets it on purpose to show what happens without the patch.
 _ENV_OWNED = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "multiprocessing",
-    omni_envs.VLLM_OMNI_DISABLE: "disable_patches",
-    **{omni_envs.DISABLE_PREFIX + name.upper(): "disable_patches" for name in PATCHES},
+    PATCHES_OFF: "disable_patches",
+    **{PATCH_OFF_PREFIX + name.upper(): "disable_patches" for name in PATCHES},
 }
 
 

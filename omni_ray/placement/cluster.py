@@ -8,11 +8,13 @@ cluster each node advertises its own at ``ray start`` (``omni-ray topology --ray
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 from omni_ray.errors import UserError
-from omni_ray.topology import Slot, detect, make_slots
+from omni_ray.topology import detect, make_slots
 
 PREFIX = "omni_slot_"
 NAMESPACE = "omni-ray"
@@ -20,10 +22,6 @@ NAMESPACE = "omni-ray"
 
 def resource_name(slot_cores: int | None, slot_name: str) -> str:
     return f"{PREFIX}c{slot_cores or 0}_{slot_name}"
-
-
-def local_slots(slot_cores: int | None, nodes=None) -> list[Slot]:
-    return make_slots(detect(), slot_cores, nodes)
 
 
 def ray_resources(slot_sizes) -> dict[str, float]:
@@ -53,6 +51,21 @@ def connect(address: str | None, slot_sizes):
                 " (a cluster with token auth needs RAY_AUTH_MODE=token set before Ray is"
                 " imported, and its token in ~/.ray/auth_token)")
         raise UserError(f"--address {address}: cannot connect to Ray: {exc}{hint}") from None
+
+
+@contextlib.contextmanager
+def session(address: str | None, slot_sizes) -> Iterator[object]:
+    """Ray for one run: ``connect`` on entry; on exit, stop the Ray this started (a local one;
+    a cluster's driver only disconnects). A Ray the caller initialised is left as it is."""
+    import ray
+
+    owns = not ray.is_initialized()
+    ctx = connect(address, slot_sizes)
+    try:
+        yield ctx
+    finally:
+        if owns:
+            ray.shutdown()
 
 
 def capacity(slot_cores: int | None) -> dict[str, int]:

@@ -5,7 +5,7 @@ Imports neither Ray nor vLLM.
 
 from omni_ray.topology.detection import allowed_cpus, cpu_features, detect
 from omni_ray.topology.machine import ISA_FLAGS, NumaNode, Topology
-from omni_ray.topology.slots import Slot, make_slots, unused_cores
+from omni_ray.topology.slots import Slot, local_slots, make_slots, unused_cores
 from omni_ray.topology.sysfs import format_cpulist, parse_cpulist
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "cpu_features",
     "detect",
     "format_cpulist",
+    "local_slots",
     "make_slots",
     "parse_cpulist",
     "unused_cores",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omni_ray.errors import UserError
+from omni_ray.topology.detection import detect
 from omni_ray.topology.machine import NumaNode, Topology
 
 
@@ -55,6 +56,11 @@ def make_slots(
             cpus = tuple(sorted(cpu for core in cores for cpu in core))
             slots.append(Slot(node.id, index, cpus, cores))
     return slots
+
+
+def local_slots(slot_cores: int | None, nodes: Sequence[int] | None = None) -> list[Slot]:
+    """The slots of this machine (its detected topology), as ``make_slots`` cuts them."""
+    return make_slots(detect(), slot_cores, nodes)
 
 
 def unused_cores(

@@ -57,6 +57,7 @@ def test_kv_budget_patch_in_vllm_multiprocessing_mode(run_arm, tiny_model):
     assert r["log"]["cpu_attention_short_path"] == 1, r["log_path"]
 
 
+@pytest.mark.timeout(1800)  # four compiled engine starts
 def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
     cache = tmp_path / "vllm-cache"
     compiled = {"enforce_eager": False}

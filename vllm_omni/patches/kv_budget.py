@@ -21,6 +21,8 @@ NAME = "kv_budget"
 TARGET = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 
 logger = logging.getLogger("vllm.omni")
+# What the engine log says when the patch wins; omni_ray.engine.launch counts this line.
+KEPT_LOG = "vllm_omni: keeping explicit kv_cache_memory_bytes=%d over %s=%s"
 
 
 def find_target():
@@ -54,10 +56,8 @@ def apply(original) -> None:
         explicit = cache_config.kv_cache_memory_bytes
         original(cls, vllm_config)
         if explicit is not None and cache_config.kv_cache_memory_bytes != explicit:
-            logger.info(
-                "vllm_omni: keeping explicit kv_cache_memory_bytes=%d over %s=%s",
-                explicit, envs.VLLM_CPU_KVCACHE_SPACE,
-                os.environ.get(envs.VLLM_CPU_KVCACHE_SPACE))
+            logger.info(KEPT_LOG, explicit, envs.VLLM_CPU_KVCACHE_SPACE,
+                        os.environ.get(envs.VLLM_CPU_KVCACHE_SPACE))
             cache_config.kv_cache_memory_bytes = explicit
 
     CpuPlatform.check_and_update_config = classmethod(mark(check_and_update_config, NAME))

@@ -20,9 +20,11 @@ def test_summary_is_pairwise_and_counts_where_b_wins():
     assert s["pairs_b_faster"] == 2
 
 
-def test_pairs_must_be_positive():
-    with pytest.raises(SystemExit):
+def test_pairs_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as info:
         step_ab.main(["--switch", "cpu_attention", "--pairs", "0"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --pairs must be at least 1, got 0\n")
 
 
 def test_a_missing_model_directory_is_named(tmp_path, capsys):

@@ -1,6 +1,7 @@
 import io
 from types import SimpleNamespace
 
+from omni_ray import events
 from omni_ray.cli.display import Progress
 
 
@@ -23,3 +24,18 @@ def test_a_failed_arm_says_why():
     p.start(1, 0, None)
     p.record(task(), {"status": "timeout", "slot": None, "error": "no result within 5 s"})
     assert "TIMEOUT: no result within 5 s" in out.getvalue() and "1 failed" in out.getvalue()
+
+
+def test_the_view_consumes_the_runs_events():
+    out = io.StringIO()
+    view = Progress(out)
+    view(events.Started(2, 1, "127.0.0.1:8265"))
+    view(events.ArmStarted(task(), "n0s1"))
+    view(events.ArmDone(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 12.34, "rss_anon_tree_mb": 478.2}}))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "Ray dashboard: http://127.0.0.1:8265"
+    assert lines[1] == "2 arm runs to do, 1 already done (resume)"
+    assert lines[2].endswith("1 running, 0 failed, 0s elapsed, ETA ?] start batch=1 pass 2 on n0s1")
+    assert lines[3].endswith("] batch=1 pass 2: decode 12.3 tok/s, rss 478 MiB")
+    assert lines[3].startswith("[1/2 done, 0 running, 0 failed")

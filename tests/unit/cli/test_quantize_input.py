@@ -80,13 +80,16 @@ def test_non_empty_dst(tmp_path, tiny_dir, user_error):
 def test_dst_under_a_regular_file(tmp_path, tiny_dir, user_error):
     (tmp_path / "afile").write_text("x")
     line = user_error("quantize", tiny_dir, tmp_path / "afile" / "q")
-    assert f"{tmp_path}/afile" in line
+    assert line.endswith(f"error: {tmp_path}/afile/q: cannot write the checkpoint there: "
+                         f"{tmp_path}/afile is a file, not a directory")
 
 
 def test_dst_is_a_regular_file(tmp_path, tiny_dir, user_error):
     (tmp_path / "afile").write_text("x")
     line = user_error("quantize", tiny_dir, tmp_path / "afile")
-    assert f"{tmp_path}/afile" in line
+    assert line.endswith(f"error: {tmp_path}/afile: cannot write the checkpoint there: "
+                         f"{tmp_path}/afile is a file, not a directory")
+    assert (tmp_path / "afile").read_text() == "x"  # left as it was
 
 
 def test_unwritable_model_cache(tmp_path, monkeypatch, user_error):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from omni_ray.engine.budget import MiB, check_budget, kv_bytes_per_token
+from omni_ray.engine.budget import check_budget, kv_bytes_per_token
 
 
 @pytest.fixture
@@ -37,4 +37,11 @@ def test_a_budget_above_free_memory_is_refused():
 
 def test_a_sound_budget_passes():
     assert check_budget(64, per_token=1024, max_model_len=512, free_mib=8000.0) is None
-    assert 64 * MiB // 1024 == 65536
+
+
+def test_a_budget_of_exactly_one_sequence_passes_and_one_byte_less_does_not():
+    # 2 MiB at 1024 bytes/token is 2048 tokens: exactly one sequence of 2048
+    assert check_budget(2, per_token=1024, max_model_len=2048, free_mib=None) is None
+    assert check_budget(2, per_token=1024 + 1, max_model_len=2048, free_mib=None) is not None
+    assert check_budget(2, per_token=1024, max_model_len=2048, free_mib=2.0) is None
+    assert check_budget(2, per_token=1024, max_model_len=2048, free_mib=1.9) is not None

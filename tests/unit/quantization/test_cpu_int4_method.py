@@ -9,6 +9,8 @@ from vllm_omni.errors import OmniInputError
 from vllm_omni.ops import weight_arena
 from vllm_omni.quantization import cpu_int4, grid
 
+pytestmark = pytest.mark.native  # imports vLLM's layers: not in make test-fast
+
 H = 256
 
 

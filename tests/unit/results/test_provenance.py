@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from omni_ray.results import provenance
 from omni_ray.results.provenance import (REDACTED, collect, cpu_model, git_state, package_versions,
@@ -42,11 +43,27 @@ def test_package_versions_from_metadata():
     assert package_versions(("no-such-dist-omni",)) == {"no-such-dist-omni": None}
 
 
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_git_state_of_a_checkout_and_its_dirty_flag(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    sha = _git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "untracked.txt").write_text("not counted\n")
+    assert git_state(tmp_path) == {"sha": sha, "dirty": False, "repo": str(tmp_path)}
+    (tmp_path / "a.txt").write_text("two\n")
+    assert git_state(tmp_path) == {"sha": sha, "dirty": True, "repo": str(tmp_path)}
+
+
 def test_git_state_of_this_checkout():
-    g = git_state()
-    if g["sha"] is None:  # running from an installed copy: nothing else to check
-        return
-    assert len(g["sha"]) == 40 and isinstance(g["dirty"], bool)
+    # the suite runs from a clone (CI clones the repository): the record names its HEAD
+    root = Path(provenance.__file__).resolve().parents[2]
+    assert git_state()["sha"] == _git(root, "rev-parse", "HEAD")
 
 
 def test_git_state_outside_a_checkout(tmp_path):

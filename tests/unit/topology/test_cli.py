@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -32,8 +33,11 @@ def test_json_xeon_24_core_slots(capsys):
 
 def test_json_this_machine_live(capsys):
     data = run_json(capsys, "--slot-cores", "1")
-    assert data["source"] in ("sysfs", "psutil")
+    # sysfs when this machine has the NUMA tree, else the psutil fallback
+    assert data["source"] == ("sysfs" if os.path.isdir("/sys/devices/system/node") else "psutil")
     assert len(data["slots"]) == sum(node["cores"] for node in data["nodes"])
+    # the live machine honours this process's allowed CPUs
+    assert {c for s in data["slots"] for c in s["cpus"]} <= os.sched_getaffinity(0)
 
 
 def test_text(capsys):

@@ -1,9 +1,14 @@
-"""decode_pairs relies on libgomp honouring GOMP_SPINCOUNT under OMP_WAIT_POLICY=ACTIVE: an
-engine left idle must stop spinning, or it takes llama.cpp's cores while the peer runs."""
+"""An assumption about the platform, not omni-ray's code: libgomp (torch's OpenMP runtime)
+honours GOMP_SPINCOUNT under OMP_WAIT_POLICY=ACTIVE. omni_ray.bench.decode_pairs relies on it:
+an engine left idle must stop spinning, or it takes llama.cpp's cores while the peer runs."""
 
 import os
 import subprocess
 import sys
+
+import pytest
+
+pytestmark = pytest.mark.environment
 
 CHILD = """
 import resource, time, torch

@@ -1,11 +1,16 @@
-"""``omni-ray doctor``: imports vLLM (~10 s), so one in-process run and one subprocess."""
+"""``omni-ray doctor``: imports vLLM (~10 s) and builds vllm_omni's kernels on first use, so
+one in-process run and one subprocess, here with the integration tests."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 from omni_ray import cli
+
+pytestmark = pytest.mark.integration
 
 PATCHES = {"aot_cache", "kv_budget", "inductor_config", "release_memory", "cpu_attention",
            "step_overhead", "compiled_call"}
@@ -20,14 +25,18 @@ def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     assert set(info["patches"]) == PATCHES
     assert {n: p["applied"] for n, p in info["patches"].items()} == dict.fromkeys(PATCHES, True)
     assert info["quantization"] == {"cpu_int4": True}
-    native = info["kernels"]["cpu_int4_native"]
+    from vllm_omni.ops import native
+
+    status = native.load()  # what cpu_int4 will run on here, and why: doctor must say the same
+    shown = info["kernels"]["cpu_int4_native"]
+    assert (shown["available"], shown["reason"]) == (status.available, status.reason)
     # some native set loads on every CPU with a C++ compiler (the portable one at worst), and it
     # is the first this CPU runs unless the environment names another
-    assert native["available"], native["reason"]
-    assert native["runnable"][-1] == "portable" and native["kernel_set"] in native["runnable"]
+    assert shown["available"], shown["reason"]
+    assert shown["runnable"][-1] == "portable" and shown["kernel_set"] in shown["runnable"]
     if not os.environ.get("VLLM_OMNI_INT4_ISA"):
-        assert native["kernel_set"] == native["runnable"][0]
-    assert native["op_kernels"] == native["kernel_set"]
+        assert shown["kernel_set"] == shown["runnable"][0]
+    assert shown["op_kernels"] == shown["kernel_set"]
     attention = info["kernels"]["cpu_attention_native"]  # builds on any CPU: plain C++
     assert attention["available"] != bool(os.environ.get("VLLM_OMNI_DISABLE_NATIVE_ATTENTION")), \
         attention["reason"]
