@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from vllm_omni.ops import int4_linear, int4_pack, native
 from vllm_omni.quantization import grid
 
+pytestmark = pytest.mark.native  # builds or loads vllm_omni's C++ kernel sets
+
 N, K = 208, 512  # 3 full 64-row blocks and a 16-row tail
 
 

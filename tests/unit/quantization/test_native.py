@@ -16,6 +16,8 @@ from vllm_omni import envs
 from vllm_omni.ops import int4_linear, int4_pack, native
 from vllm_omni.quantization import grid
 
+pytestmark = pytest.mark.native  # builds or loads vllm_omni's C++ kernel sets
+
 N, K = 192, 512  # 3 full 64-row blocks
 SETS = [ks.name for ks in native.runnable()]
 VECTOR_SETS = [s for s in SETS if s != "portable"]
