@@ -51,7 +51,7 @@ def fmt(value: float | None) -> str:
     if value is None:
         return "-"
     a = abs(value)
-    if a >= 100 or value == int(value) and a >= 1:
+    if a >= 100:
         return f"{value:,.0f}".replace(",", " ") if a >= 10_000 else f"{value:.0f}"
     if a >= 10:
         return f"{value:.1f}"
