@@ -22,7 +22,7 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1400px;color:
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #ddd;padding:.25em .5em;text-align:right;vertical-align:top}
-td{white-space:nowrap}td small{color:#777}
+td{white-space:nowrap}td.l{white-space:normal;max-width:60em;overflow-wrap:break-word}td small{color:#777}
 th{background:#f4f4f4}td:first-child,th:first-child,td.l{text-align:left}
 tr.retracted td{text-decoration:line-through;color:#888}
 .badge{display:inline-block;border-radius:3px;padding:0 .4em;margin:1px;font-size:.8em;
@@ -70,7 +70,8 @@ def _table_html(t: table.Table) -> str:
         badges = [_badge(f) for f in row.flags]
         if t.baseline.get(row.run.name) == row.arm.label:
             badges.insert(0, '<span class="badge baseline">baseline</span>')
-        cells = [f'<td class="l" title="{_e(row.arm.id)}">{_e(name)}</td>',
+        label = _e(name).replace(",", ",<wbr>")  # a long label breaks between its axes
+        cells = [f'<td class="l" title="{_e(row.arm.id)}">{label}</td>',
                  f"<td>{len(row.arm.ok)}</td>"]
         if ratio_col:
             cells.append(f"<td>{_e(fmt_ratio(row.ratio))}</td>")

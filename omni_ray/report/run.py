@@ -83,6 +83,7 @@ class Run:
     arms: tuple[ArmResult, ...]      # matrix order
     skipped: tuple[Skipped, ...]
     noise_pct: float = 8.0
+    baseline: str | None = None      # the arm label the sweep names as its baseline, if any
 
     @property
     def name(self) -> str:
@@ -188,7 +189,9 @@ def load_run(path: str | Path) -> Run:
     if not records:
         why = f"; skipped {len(skipped)}, first: {skipped[0].path}: {skipped[0].problem}" \
             if skipped else ""
-        raise UserError(f"{path}: no result records (*.pN.json arm records){why}")
+        below = "" if files or not any(path.rglob("*.p[0-9]*.json")) else (
+            "; it holds runs below it: give a run directory (SWEEP/RUN_ID), or --index")
+        raise UserError(f"{path}: no result records (*.pN.json arm records){why}{below}")
     return _assemble(path, records, skipped)
 
 
@@ -225,16 +228,22 @@ def _assemble(path: Path, records: list[tuple[Path, dict]], skipped: list[Skippe
     sweep = str(first["arm"].get("sweep") or first.get("config", {}).get("sweep")
                 or path.parent.name)
     run_id = str(first.get("run_id") or (path.name if path.is_dir() else path.parent.name))
-    noise = _noise_pct(path)
+    noise, baseline = _from_summary(path)
     return Run(path=path, sweep=sweep, run_id=run_id, arms=tuple(arms), skipped=tuple(skipped),
-               noise_pct=noise)
+               noise_pct=noise, baseline=baseline)
 
 
-def _noise_pct(path: Path) -> float:
-    """The sweep's noise threshold, from the summary.json the sweep wrote (8 % without one)."""
+def _from_summary(path: Path) -> tuple[float, str | None]:
+    """The sweep's noise threshold (8 % without one) and baseline arm label (None), from the
+    summary.json the sweep wrote beside its records."""
     summary = (path if path.is_dir() else path.parent) / "summary.json"
     try:
-        value = read_json(summary).get("noise_pct")
-    except (UserError, AttributeError):
-        return 8.0
-    return float(value) if _number(value) is not None else 8.0
+        data = read_json(summary)
+    except UserError:
+        return 8.0, None
+    if not isinstance(data, dict):
+        return 8.0, None
+    noise = data.get("noise_pct")
+    baseline = data.get("baseline")
+    return (float(noise) if _number(noise) is not None else 8.0,
+            baseline if isinstance(baseline, str) and baseline else None)

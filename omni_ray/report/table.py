@@ -42,16 +42,17 @@ def cell(stat: Stat | None) -> str:
     return f"{fmt(stat.median)} [{fmt(stat.min)}-{fmt(stat.max)}]"
 
 
-def baseline_arm(run: Run, baseline: str | None) -> ArmResult | None:
-    """The arm named by ``baseline`` (label or id); None without one. A retracted arm is never
-    a baseline."""
+def baseline_arm(run: Run, baseline: str | None, *, asked: bool = True) -> ArmResult | None:
+    """The arm named by ``baseline`` (label or id), None without one or when this run has no
+    such arm (several runs need not share arms). A retracted arm is never a baseline: a
+    UserError when the user ``asked`` for it, else (the sweep named it) no baseline."""
     if not baseline:
         return None
     try:
         arm = run.arm(baseline)
     except UserError:
-        if baseline in {a.label for r in [run] for a in r.arms}:
-            raise
+        return None
+    if arm.is_retracted and not asked:
         return None
     if arm.is_retracted:
         raise UserError(f"{run.path}: baseline arm {arm.label!r} is retracted "
@@ -74,7 +75,8 @@ def build(runs: list[Run], baseline: str | None = None) -> Table:
     metrics.sort(key=lambda m: list(BY_NAME).index(m.name))
     rows, named = [], {}
     for run in runs:
-        base = baseline_arm(run, baseline)
+        base = (baseline_arm(run, baseline) if baseline
+                else baseline_arm(run, run.baseline, asked=False))
         if base is not None:
             named[run.name] = base.label
         for arm in run.arms:

@@ -62,3 +62,9 @@ def test_a_foreign_file_given_directly_is_an_error(tmp_path):
     f.write_text('{"kind": "int4_peers"}')
     with pytest.raises(UserError, match=r"x\.json: not a sweep arm record"):
         load_run(f)
+
+
+def test_a_results_root_hints_at_a_run_directory_or_index(make_run, tmp_path):
+    make_run("s", {"x=1": [{"decode_tok_s": 10.0}]})
+    with pytest.raises(UserError, match=r"no result records .*give a run directory .*--index"):
+        load_run(tmp_path)

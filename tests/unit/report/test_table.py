@@ -75,3 +75,13 @@ def test_csv_and_json_carry_raw_numbers(two_arms):
     data = json.loads(table.to_json(t))
     assert data["rows"][1]["metrics"]["peak_rss_anon_mb"]["unit"] == "MiB"
     assert data["rows"][1]["metrics"]["peak_rss_anon_mb"]["ratio_to_baseline"] == 1.2
+
+
+def test_a_baseline_named_in_summary_json_is_used_unless_retracted(two_arms):
+    (two_arms / "summary.json").write_text('{"noise_pct": 8.0, "baseline": "kv=256"}')
+    t = table.build([load_run(two_arms)])
+    assert t.baseline == {"fake/20261201T100000Z": "kv=256"}
+    assert [r.ratio for r in t.rows] == [pytest.approx(10 / 12), 1.0]
+    for f in two_arms.glob("id-kv=256.p*.json"):
+        retract_result(f, "bad")
+    assert table.build([load_run(two_arms)]).baseline == {}
