@@ -85,3 +85,19 @@ def test_a_baseline_named_in_summary_json_is_used_unless_retracted(two_arms):
     for f in two_arms.glob("id-kv=256.p*.json"):
         retract_result(f, "bad")
     assert table.build([load_run(two_arms)]).baseline == {}
+
+
+def test_the_sweep_file_baseline_reaches_summary_json_and_the_report(make_run):
+    """sweep file `baseline:` -> api.write_summary -> summary.json -> the ratio column."""
+    from omni_ray.api import write_summary
+    from omni_ray.config import expand, sweep_from_dict
+
+    sweep = sweep_from_dict({"name": "fake", "model": "tiny",
+                             "matrix": {"kv_cache_mib": [64, 256]},
+                             "baseline": "kv_cache_mib=256"})
+    assert sweep.baseline == "kv_cache_mib=256"
+    run_dir = make_run("s", {"kv_cache_mib=64": [{"decode_tok_s": 10.0}],
+                             "kv_cache_mib=256": [{"decode_tok_s": 20.0}]})
+    write_summary(sweep, expand(sweep), run_dir)
+    t = table.build([load_run(run_dir)])
+    assert [r.ratio for r in t.rows] == [0.5, 1.0]
