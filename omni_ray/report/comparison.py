@@ -187,6 +187,24 @@ def compare_runs(base_dir: str | os.PathLike, new_dir: str | os.PathLike, *,
                       tuple(_provenance_warnings(base, new)))
 
 
+def _spread(stat: Stat) -> str:
+    if stat.n == 1:
+        return "1 pass"
+    return "?" if stat.spread_pct is None else f"{stat.spread_pct:.1f}%"
+
+
+def config_diff(a: object, b: object, path: str = "") -> list[str]:
+    """The dotted paths where two configs differ in a field that changes the measurement."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            if not path and key in NOT_MEASURED:
+                continue
+            out += config_diff(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if a == b else [path or "(root)"]
+
+
 def _sha(run: Run) -> str:
     sha = run.git.get("sha") or "unknown"
     return sha[:12] + (" (DIRTY tree)" if run.git.get("dirty") else "")
@@ -211,14 +229,21 @@ def to_text(c: Comparison) -> str:
             continue
         lines.append(head)
         width = max((len(v.metric.header) for v in a.metrics), default=10)
-        lines.append(f"  {'metric':<{width}}  {'base':>9}  {'new':>9}  {'ratio':>7}  verdict")
+        lines.append(f"  {'metric':<{width}}  {'base':>9} {'spread':>6}  {'new':>9} "
+                     f"{'spread':>6}  {'ratio':>7}  verdict")
         for v in a.metrics:
             mark = "  <-- REGRESSION" if v.regressed else ""
             ratio = "-" if v.ratio is None else f"{v.ratio:.3f}"
-            lines.append(f"  {v.metric.header:<{width}}  {fmt(v.base.median):>9}  "
-                         f"{fmt(v.new.median):>9}  {ratio:>7}  {v.verdict}{mark}")
+            lines.append(f"  {v.metric.header:<{width}}  {fmt(v.base.median):>9} "
+                         f"{_spread(v.base):>6}  {fmt(v.new.median):>9} {_spread(v.new):>6}  "
+                         f"{ratio:>7}  {v.verdict}{mark}")
+    lines.append("\nspread: (max - min) / median over passes; '1 pass': no spread to judge by")
+    new_by_label = {a.label: a for a in c.only_new}
     for arm in c.only_base:
-        lines.append(f"\nonly in base: {arm.label} ({arm.id})")
+        twin = new_by_label.get(arm.label)
+        why = f": same label, config differs in {', '.join(config_diff(arm.config, twin.config))}" \
+            if twin else ""
+        lines.append(f"only in base: {arm.label} ({arm.id}){why}")
     for arm in c.only_new:
         lines.append(f"only in new: {arm.label} ({arm.id})")
     n = len(c.regressions)

@@ -114,3 +114,27 @@ def test_wider_band_turns_a_regression_into_same(make_run, tmp_path):
     f.write_text('{"decode_tok_s": 15}')
     assert compare_runs(base, new).exit_code == 1
     assert compare_runs(base, new, bands=f).exit_code == 0
+
+
+def test_same_label_with_a_changed_measured_field_is_explained(make_run, tmp_path):
+    import json
+
+    base = make_run("base", {"x=1": [{"decode_tok_s": 1.0}], "x=2": [{"decode_tok_s": 1.0}]})
+    new = make_run("new", {"x=1": [{"decode_tok_s": 1.0}], "x=2": [{"decode_tok_s": 1.0}]})
+    f = new / "id-x=2.p1.json"
+    rec = json.loads(f.read_text())
+    rec["config"]["stage"]["kv_cache_mib"] = 128
+    rec["config_hash"] = "changed"
+    f.write_text(json.dumps(rec))
+    text = to_text(compare_runs(base, new))
+    assert "only in base: x=2 (id-x=2): same label, config differs in stage.kv_cache_mib" in text
+    assert "only in new: x=2" in text
+
+
+def test_spreads_are_printed(make_run):
+    base = make_run("base", {"x=1": [{"decode_tok_s": 90.0}, {"decode_tok_s": 110.0}]})
+    new = make_run("new", {"x=1": [{"decode_tok_s": 100.0}]})
+    line = next(ln for ln in to_text(compare_runs(base, new)).splitlines()
+                if ln.strip().startswith("decode (tok/s)"))
+    assert line.split() == ["decode", "(tok/s)", "100", "20.0%", "100", "1", "pass", "1.000",
+                            "same"]
