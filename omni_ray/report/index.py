@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omni_ray.errors import UserError
 from omni_ray.report.metric import BY_NAME, HEADLINE, MEMORY_HEADLINE, fmt
-from omni_ray.report.run import Run, load_run
+from omni_ray.report.run import RECORD_GLOB, Run, load_run
 from omni_ray.results.store import read_json, write_text_atomic
 
 INDEX_NAME = "INDEX.md"
@@ -18,7 +18,7 @@ INDEX_NAME = "INDEX.md"
 
 def _run_dirs(root: Path) -> list[Path]:
     """Directories holding arm records (``*.pN.json``), sorted."""
-    return sorted({p.parent for p in root.rglob("*.p[0-9]*.json")})
+    return sorted({p.parent for p in root.rglob(RECORD_GLOB)})
 
 
 def _date(run: Run) -> str:

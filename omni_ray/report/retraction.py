@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from omni_ray.errors import UserError
-from omni_ray.report.run import read_record, record_files
+from omni_ray.report.run import RECORD_GLOB, read_record, record_files
 from omni_ray.results.record import retract
 from omni_ray.results.store import read_json, write_json_atomic
 
@@ -19,7 +19,7 @@ def _targets(path: Path) -> list[Path]:
         return [path]
     if path.is_dir():
         files = []
-        for f in record_files(path):
+        for f in record_files(path, RECORD_GLOB):  # other JSON files there are not retracted
             read_record(f)  # all or nothing: refuse before changing any file
             files.append(f)
         if not files:

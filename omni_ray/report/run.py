@@ -12,8 +12,11 @@ from omni_ray.results.record import upgrade
 from omni_ray.results.store import read_json
 from omni_ray.results.summary import Stat, flags, summarize
 
-# Files in a run directory that are not arm records.
-_NOT_RECORDS = ("summary.json",)
+# JSON files in a run directory that are not arm records: the sweep's summary, and the
+# report's own JSON table (omni-ray report RUN_DIR --format json).
+_NOT_RECORDS = ("summary.json", "report.json")
+# How the sweep names an arm record: ARMID.pN.json.
+RECORD_GLOB = "*.p[0-9]*.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,8 +163,10 @@ def read_record(path: Path) -> dict:
     return rec
 
 
-def record_files(path: Path) -> list[Path]:
-    return sorted(p for p in path.glob("*.json")
+def record_files(path: Path, pattern: str = "*.json") -> list[Path]:
+    """The JSON files of a run directory that should be records (``pattern``: RECORD_GLOB for
+    the sweep's own names only), sorted; hidden files and the summary/report are left out."""
+    return sorted(p for p in path.glob(pattern)
                   if p.name not in _NOT_RECORDS and not p.name.startswith("."))
 
 
@@ -189,7 +194,7 @@ def load_run(path: str | Path) -> Run:
     if not records:
         why = f"; skipped {len(skipped)}, first: {skipped[0].path}: {skipped[0].problem}" \
             if skipped else ""
-        below = "" if files or not any(path.rglob("*.p[0-9]*.json")) else (
+        below = "" if files or not any(path.rglob(RECORD_GLOB)) else (
             "; it holds runs below it: give a run directory (SWEEP/RUN_ID), or --index")
         raise UserError(f"{path}: no result records (*.pN.json arm records){why}{below}")
     return _assemble(path, records, skipped)

@@ -38,10 +38,12 @@ def test_retract_a_run_retracts_every_record_then_refuses(make_run):
 
 def test_not_a_result_is_refused_and_nothing_changes(make_run, tmp_path):
     run_dir = make_run("s", {"x=1": [{"decode_tok_s": 1.0}]})
-    (run_dir / "bench.json").write_text('{"kind": "decode_pairs"}')
-    with pytest.raises(UserError, match=r"bench\.json: not a sweep arm record"):
+    (run_dir / "bench.p2.json").write_text('{"kind": "decode_pairs"}')
+    with pytest.raises(UserError, match=r"bench\.p2\.json: not a sweep arm record"):
         retract_result(run_dir, "bad")
     assert "retracted" not in json.loads((run_dir / "id-x=1.p1.json").read_text())
+    with pytest.raises(UserError, match=r"bench\.p2\.json: not a sweep arm record"):
+        retract_result(run_dir / "bench.p2.json", "bad")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match=r"empty: not a result"):
         retract_result(tmp_path / "empty", "bad")
@@ -53,3 +55,12 @@ def test_a_reason_is_required(make_run):
     f = make_run("s", {"x=1": [{"decode_tok_s": 1.0}]}) / "id-x=1.p1.json"
     with pytest.raises(UserError, match=r"--reason must say why"):
         retract_result(f, "  ")
+
+
+def test_the_reports_own_json_does_not_block_a_run_retraction(make_run):
+    from omni_ray.report.document import write_report
+
+    run_dir = make_run("s", {"x=1": [{"decode_tok_s": 1.0}]})
+    write_report([run_dir], form="json")
+    (run_dir / "notes.json").write_text("[]")
+    assert [f.name for f in retract_result(run_dir, "bad")] == ["id-x=1.p1.json"]

@@ -68,3 +68,12 @@ def test_a_results_root_hints_at_a_run_directory_or_index(make_run, tmp_path):
     make_run("s", {"x=1": [{"decode_tok_s": 10.0}]})
     with pytest.raises(UserError, match=r"no result records .*give a run directory .*--index"):
         load_run(tmp_path)
+
+
+def test_the_summary_and_the_reports_json_are_not_records(make_run):
+    from omni_ray.report.document import write_report
+
+    run_dir = make_run("s", {"x=1": [{"decode_tok_s": 10.0}]})
+    write_report([run_dir], form="json")
+    (run_dir / "summary.json").write_text("{}")
+    assert load_run(run_dir).skipped == ()
