@@ -31,7 +31,7 @@ tr.retracted td{text-decoration:line-through;color:#888}
 .badge.SINGLE{background:#dde8f7}.badge.baseline{background:#cfe9cf}
 .charts{display:flex;flex-wrap:wrap;gap:1em}.charts img{border:1px solid #eee}
 pre{background:#f7f7f7;padding:.5em;overflow-x:auto;max-height:20em;font-size:.85em}
-.skipped{color:#a40}
+.skipped{color:#a40}.wide{overflow-x:auto;max-width:100%}
 """
 
 
@@ -63,7 +63,7 @@ def _table_html(t: table.Table) -> str:
     ratio_col = bool(t.baseline)
     head = ["arm", "passes"] + ([f"{BY_NAME[HEADLINE].title} vs baseline"]
                                if ratio_col else []) + [m.header for m in t.metrics] + ["flags"]
-    out = ["<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head)
+    out = ['<div class="wide"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
            + "</tr></thead><tbody>"]
     for row in t.rows:
         name = table._name(row, t.several)
@@ -79,7 +79,7 @@ def _table_html(t: table.Table) -> str:
         cells.append(f'<td class="l">{"".join(badges)}</td>')
         cls = ' class="retracted"' if row.arm.is_retracted else ""
         out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     out.append("<p>Cells: median [min-max over passes]; a single figure is one pass (or all "
                "passes equal). Arms in the sweep's matrix order.</p>")
     notes = [table.retraction_note(r.arm.retraction, table._name(r, t.several))
@@ -135,9 +135,9 @@ def _run_html(run: Run, baseline: str | None, title_level: str = "h2") -> str:
            f"{len(run.records)} records</p>"]
     out.append(_table_html(table.build([run], baseline)))
     charts = []
-    for axis in run.axis_names:
+    for axis in run.axis_groups():
         for m in run.metrics():
-            charts.append(_img(plot.metric_by_axis(run, m, axis), f"{m.title} by {axis}"))
+            charts.append(_img(plot.metric_by_axis(run, m, axis), f"{m.title} by {'+'.join(axis)}"))
     charts.append(_img(plot.pareto([run]), "throughput vs memory"))
     if any(charts):
         out.append("<h3>Charts</h3><div class=\"charts\">" + "".join(charts) + "</div>")

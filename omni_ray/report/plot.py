@@ -36,20 +36,22 @@ def _values(arm: ArmResult, metric: str) -> list[float]:
             if (v := _number((r.get("measurements") or {}).get(metric))) is not None]
 
 
-def metric_by_axis(run: Run, metric: Metric, axis: str) -> bytes | None:
-    """``metric`` against the values of ``axis`` (in matrix order), one line per combination of
-    the other axes; every pass a point, the median joined by the line, min-max as a bar."""
+def metric_by_axis(run: Run, metric: Metric, axis: str | tuple[str, ...]) -> bytes | None:
+    """``metric`` against the values of ``axis`` (in matrix order; a tuple of keys that change
+    together is one axis), one line per combination of the other axes; every pass a point, the
+    median joined by the line, min-max as a bar."""
+    keys = (axis,) if isinstance(axis, str) else tuple(axis)
     arms = [a for a in run.arms if not a.is_retracted and metric.name in a.stats]
     xs: list[str] = []
     lines: dict[str, list[tuple[str, ArmResult]]] = {}
     for arm in arms:
         d = dict(arm.axes)
-        if axis not in d:
+        if any(k not in d for k in keys):
             continue
-        x = d[axis]
+        x = ",".join(d[k] for k in keys)
         if x not in xs:
             xs.append(x)
-        others = ",".join(f"{k}={v}" for k, v in arm.axes if k != axis) or metric.title
+        others = ",".join(f"{k}={v}" for k, v in arm.axes if k not in keys) or metric.title
         lines.setdefault(others, []).append((x, arm))
     if len(xs) < 2:
         return None
@@ -66,10 +68,12 @@ def metric_by_axis(run: Run, metric: Metric, axis: str) -> bytes | None:
         for p, (_x, a) in zip(pos, points):
             vals = _values(a, metric.name)
             ax.scatter([p] * len(vals), vals, color=color, s=10, alpha=0.5, zorder=3)
-    ax.set_xticks(range(len(xs)), [x[:24] for x in xs])
-    ax.set_xlabel(axis)
+    name = "+".join(keys)
+    ax.set_xticks(range(len(xs)), [x if len(x) <= 24 else x[:23] + "\u2026" for x in xs],
+                  rotation=20 if max(map(len, xs)) > 10 and len(xs) > 3 else 0)
+    ax.set_xlabel(name)
     ax.set_ylabel(metric.header)
-    ax.set_title(f"{metric.title} by {axis}")
+    ax.set_title(f"{metric.title} by {name}"[:80])
     ax.grid(alpha=0.3)
     if len(lines) > 1:
         ax.legend(fontsize="small")

@@ -124,6 +124,28 @@ class Run:
                     names.append(key)
         return names
 
+    def axis_groups(self) -> list[tuple[str, ...]]:
+        """The axes worth a chart: keys that take one value in every arm are left out, and keys
+        that always change together (a zip group, or a matrix seen only partly) are one axis."""
+        groups: list[tuple[str, ...]] = []
+        partitions: dict[tuple[str, ...], frozenset] = {}
+        for key in self.axis_names:
+            by_value: dict[str, set[int]] = {}
+            for i, arm in enumerate(self.arms):
+                by_value.setdefault(dict(arm.axes).get(key, "\0"), set()).add(i)
+            if len(by_value) < 2:
+                continue
+            part = frozenset(frozenset(v) for v in by_value.values())
+            twin = next((g for g, p in partitions.items() if p == part), None)
+            if twin is None:
+                groups.append((key,))
+                partitions[(key,)] = part
+            else:
+                merged = twin + (key,)
+                groups[groups.index(twin)] = merged
+                partitions[merged] = partitions.pop(twin)
+        return groups
+
     def metrics(self) -> list:
         """The metrics that at least one arm has a value for, in table order."""
         return [m for m in METRICS if any(m.name in a.stats for a in self.arms)]

@@ -77,3 +77,11 @@ def test_the_summary_and_the_reports_json_are_not_records(make_run):
     write_report([run_dir], form="json")
     (run_dir / "summary.json").write_text("{}")
     assert load_run(run_dir).skipped == ()
+
+
+def test_axis_groups_drop_constant_keys_and_merge_keys_that_change_together(make_run):
+    run = load_run(make_run("s", {
+        "model=tiny,eager=false,warm=true,patch=none": [{"decode_tok_s": 1.0}],
+        "model=tiny,eager=false,warm=true,patch=aot": [{"decode_tok_s": 1.0}],
+        "model=tiny,eager=true,warm=false,patch=none": [{"decode_tok_s": 1.0}]}))
+    assert run.axis_groups() == [("eager", "warm"), ("patch",)]
