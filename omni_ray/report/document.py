@@ -66,7 +66,7 @@ def _table_html(t: table.Table) -> str:
     out = ['<div class="wide"><table><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
            + "</tr></thead><tbody>"]
     for row in t.rows:
-        name = table._name(row, t.several)
+        name = table.row_name(row, t.several)
         badges = [_badge(f) for f in row.flags]
         if t.baseline.get(row.run.name) == row.arm.label:
             badges.insert(0, '<span class="badge baseline">baseline</span>')
@@ -80,9 +80,9 @@ def _table_html(t: table.Table) -> str:
         cls = ' class="retracted"' if row.arm.is_retracted else ""
         out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")
-    out.append("<p>Cells: median [min-max over passes]; a single figure is one pass (or all "
-               "passes equal). Arms in the sweep's matrix order.</p>")
-    notes = [table.retraction_note(r.arm.retraction, table._name(r, t.several))
+    out.append("<p>Cells: the median over passes, the min&ndash;max below it where there are "
+               "several passes that differ. Arms in the sweep's matrix order.</p>")
+    notes = [table.retraction_note(r.arm.retraction, table.row_name(r, t.several))
              for r in t.rows if r.arm.retraction]
     if notes:
         out.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
@@ -91,18 +91,20 @@ def _table_html(t: table.Table) -> str:
 
 def _provenance_html(run: Run) -> str:
     p = run.provenance
-    git = run.git
     cpu = run.cpu
     pinning = {}
     for rec in run.records:
         if isinstance(rec.get("pinning"), dict):
             pinning = rec["pinning"]
             break
-    sha = git.get("sha") or "unknown"
-    dirty = " (dirty tree)" if git.get("dirty") else ""
+    # a resumed run can span commits: name every (sha, dirty) its records were measured at
+    shas = dict.fromkeys(
+        f"{g.get('sha') or 'unknown'}{' (dirty tree)' if g.get('dirty') else ''}"
+        for rec in run.records
+        if isinstance(g := (rec.get("provenance") or {}).get("git") or {}, dict))
     packages = ", ".join(f"{k} {v}" for k, v in (p.get("packages") or {}).items() if v)
     rows = [("host", p.get("host")), ("time of first record", p.get("time")),
-            ("git SHA", f"{sha}{dirty}"), ("CPU", cpu.get("brand")),
+            ("git SHA", ", ".join(shas) or "unknown"), ("CPU", cpu.get("brand")),
             ("CPU flags", " ".join(cpu.get("flags") or [])),
             ("cores seen", p.get("cpu_count")), ("affinity", p.get("affinity")),
             ("Python", (p.get("python") or {}).get("version")), ("packages", packages),

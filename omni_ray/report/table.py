@@ -87,7 +87,7 @@ def build(runs: list[Run], baseline: str | None = None) -> Table:
     return Table(tuple(metrics), tuple(rows), named, len(runs) > 1)
 
 
-def _name(row: Row, several: bool) -> str:
+def row_name(row: Row, several: bool) -> str:
     return f"{row.run.name} {row.arm.label}" if several else row.arm.label
 
 
@@ -98,7 +98,7 @@ def to_markdown(table: Table) -> str:
              "|---|---:|" + "---:|" * (len(ratio_col) + len(table.metrics)) + "---|"]
     for row in table.rows:
         struck = row.arm.is_retracted
-        name = _name(row, table.several)
+        name = row_name(row, table.several)
         if table.baseline.get(row.run.name) == row.arm.label:
             name += " (baseline)"
         cells = [name, str(len(row.arm.ok))]
@@ -110,7 +110,7 @@ def to_markdown(table: Table) -> str:
         cells.append(", ".join(row.flags))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Cells: median [min-max over passes]; a single figure: one pass, or all equal."]
-    notes = [retraction_note(row.arm.retraction, _name(row, table.several))
+    notes = [retraction_note(row.arm.retraction, row_name(row, table.several))
              for row in table.rows if row.arm.retraction]
     if notes:
         lines += [""] + [f"- {n}" for n in notes]

@@ -76,3 +76,15 @@ def test_write_report_paths_and_formats(grid, tmp_path):
     assert md.startswith("# fake/20261201T100000Z\n")
     with pytest.raises(UserError, match=r"--format: must be one of html, md, csv, json, got 'pdf'"):
         write_report([grid], form="pdf")
+
+
+def test_provenance_names_every_commit_a_resumed_run_spans(make_run, tmp_path):
+    from omni_ray.results.store import write_json_atomic
+    from tests.unit.report.fakes import PROVENANCE, record
+
+    other = {**PROVENANCE, "git": {"sha": "b" * 40, "dirty": True}}
+    run_dir = make_run("s", {"x=1": [{"decode_tok_s": 1.0}]})
+    write_json_atomic(run_dir / "id-x=1.p2.json",
+                      record("x=1", 0, 2, provenance=other, decode_tok_s=1.0))
+    html = render([load_run(run_dir)])
+    assert f"{'a' * 40}, {'b' * 40} (dirty tree)" in html
