@@ -140,9 +140,12 @@ def match_arms(base: Run, new: Run) -> tuple[list[tuple[ArmResult, ArmResult, st
 def _provenance_warnings(base: Run, new: Run) -> list[str]:
     out = []
     for run in (base, new):
-        if run.git.get("dirty"):
-            out.append(f"{run.name} was measured from a dirty tree at {run.git.get('sha')}: "
-                       "its code is not exactly that commit")
+        for c in run.commits:
+            if c["dirty"]:
+                out.append(f"{run.name} was measured from a dirty tree at {c['sha']}: its code "
+                           "is not exactly that commit")
+        if len(run.commits) > 1:
+            out.append(f"{run.name} spans {len(run.commits)} commits (a resumed run?)")
     bc, nc = base.cpu, new.cpu
     if bc.get("brand") != nc.get("brand"):
         out.append(f"CPU MODEL DIFFERS: {bc.get('brand')!r} vs {nc.get('brand')!r}: the runs "
@@ -206,8 +209,8 @@ def config_diff(a: object, b: object, path: str = "") -> list[str]:
 
 
 def _sha(run: Run) -> str:
-    sha = run.git.get("sha") or "unknown"
-    return sha[:12] + (" (DIRTY tree)" if run.git.get("dirty") else "")
+    return ", ".join((c["sha"] or "unknown")[:12] + (" (DIRTY tree)" if c["dirty"] else "")
+                     for c in run.commits) or "unknown"
 
 
 def _strike(text: str) -> str:

@@ -98,10 +98,8 @@ def _provenance_html(run: Run) -> str:
             pinning = rec["pinning"]
             break
     # a resumed run can span commits: name every (sha, dirty) its records were measured at
-    shas = dict.fromkeys(
-        f"{g.get('sha') or 'unknown'}{' (dirty tree)' if g.get('dirty') else ''}"
-        for rec in run.records
-        if isinstance(g := (rec.get("provenance") or {}).get("git") or {}, dict))
+    shas = [f"{c['sha'] or 'unknown'}{' (dirty tree)' if c['dirty'] else ''}"
+            for c in run.commits]
     packages = ", ".join(f"{k} {v}" for k, v in (p.get("packages") or {}).items() if v)
     rows = [("host", p.get("host")), ("time of first record", p.get("time")),
             ("git SHA", ", ".join(shas) or "unknown"), ("CPU", cpu.get("brand")),

@@ -112,6 +112,20 @@ class Run:
         return self.provenance.get("git") or {}
 
     @property
+    def commits(self) -> list[dict]:
+        """Every distinct {"sha", "dirty"} the records were measured at (a resumed run can span
+        commits), in record order."""
+        out: list[dict] = []
+        for rec in self.records:
+            g = (rec.get("provenance") or {}).get("git") if isinstance(rec.get("provenance"),
+                                                                      dict) else None
+            if isinstance(g, dict):
+                key = {"sha": g.get("sha"), "dirty": bool(g.get("dirty"))}
+                if key not in out:
+                    out.append(key)
+        return out
+
+    @property
     def cpu(self) -> dict:
         return self.provenance.get("cpu") or {}
 
