@@ -42,9 +42,8 @@ def _headline(run: Run) -> str:
 
 
 def _sha(run: Run) -> str:
-    git = run.git
-    sha = (git.get("sha") or "?")[:10]
-    return sha + (" (dirty)" if git.get("dirty") else "")
+    return ", ".join((c["sha"] or "?")[:10] + (" (dirty)" if c["dirty"] else "")
+                     for c in run.commits) or "?"
 
 
 def _other(path: Path) -> str:
