@@ -22,7 +22,8 @@ body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1400px;color:
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}
 th,td{border:1px solid #ddd;padding:.25em .5em;text-align:right;vertical-align:top}
-td{white-space:nowrap}td.l{white-space:normal;max-width:60em;overflow-wrap:break-word}td small{color:#777}
+td{white-space:nowrap}td small{color:#777}
+td.l{white-space:normal;max-width:60em;overflow-wrap:break-word}
 th{background:#f4f4f4}td:first-child,th:first-child,td.l{text-align:left}
 tr.retracted td{text-decoration:line-through;color:#888}
 .badge{display:inline-block;border-radius:3px;padding:0 .4em;margin:1px;font-size:.8em;
