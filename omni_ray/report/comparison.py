@@ -225,7 +225,8 @@ def to_text(c: Comparison) -> str:
         lines.append(f"WARNING: {w}")
     for a in c.arms:
         label = a.base.label if a.base.label == a.new.label else f"{a.base.label} -> {a.new.label}"
-        head = f"\n{label}  (matched by {a.matched_by}; passes {len(a.base.ok)} -> {len(a.new.ok)})"
+        head = (f"\n{label}  (matched by {a.matched_by}; passes {len(a.base.measured)} -> "
+                f"{len(a.new.measured)})")
         if a.retracted:
             which = "base" if a.base.is_retracted else "new"
             lines.append(_strike(head.strip()) + f"  RETRACTED in {which}: not compared")

@@ -73,7 +73,7 @@ def _table_html(t: table.Table) -> str:
             badges.insert(0, '<span class="badge baseline">baseline</span>')
         label = _e(name).replace(",", ",<wbr>")  # a long label breaks between its axes
         cells = [f'<td class="l" title="{_e(row.arm.id)}">{label}</td>',
-                 f"<td>{len(row.arm.ok)}</td>"]
+                 f"<td>{len(row.arm.measured)}</td>"]
         if ratio_col:
             cells.append(f"<td>{_e(fmt_ratio(row.ratio))}</td>")
         cells += [_cell_html(row.arm.stats.get(m.name)) for m in t.metrics]

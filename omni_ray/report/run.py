@@ -37,8 +37,16 @@ class ArmResult:
     ok: tuple[dict, ...]
     failed: tuple[dict, ...]
     retracted: tuple[dict, ...]
-    stats: dict[str, Stat]       # metric name -> Stat over the ok, unretracted passes
+    stats: dict[str, Stat]       # metric name -> Stat over the passes in ``measured``
     contended: bool
+
+    @property
+    def measured(self) -> tuple[dict, ...]:
+        """The ok passes the figures come from: the unretracted ones, or for an arm retracted
+        as a whole its retracted ones (shown struck through, never used)."""
+        if self.is_retracted:
+            return tuple(r for r in self.retracted if r.get("status") == "ok")
+        return self.ok
 
     @property
     def axes(self) -> tuple[tuple[str, str], ...]:
@@ -249,10 +257,13 @@ def _assemble(path: Path, records: list[tuple[Path, dict]], skipped: list[Skippe
         ok = tuple(r for r in recs if not r.get("retracted") and r.get("status") == "ok")
         failed = tuple(r for r in recs if not r.get("retracted") and r.get("status") != "ok")
         retracted = tuple(r for r in recs if r.get("retracted"))
+        # an arm retracted as a whole keeps its figures (struck through); else only ok passes
+        measured = ok if (ok or failed) else tuple(r for r in retracted
+                                                   if r.get("status") == "ok")
         stats = {}
         for m in METRICS:
-            vals = [v for r in ok if (v := _number((r.get("measurements") or {}).get(m.name)))
-                    is not None]
+            vals = [v for r in measured
+                    if (v := _number((r.get("measurements") or {}).get(m.name))) is not None]
             if vals:
                 stats[m.name] = summarize(vals)
         contended = any(r.get("contended") or (isinstance(r.get("preflight"), dict)

@@ -101,7 +101,7 @@ def to_markdown(table: Table) -> str:
         name = row_name(row, table.several)
         if table.baseline.get(row.run.name) == row.arm.label:
             name += " (baseline)"
-        cells = [name, str(len(row.arm.ok))]
+        cells = [name, str(len(row.arm.measured))]
         if ratio_col:
             cells.append(fmt_ratio(row.ratio))
         cells += [cell(row.arm.stats.get(m.name)) for m in table.metrics]
@@ -155,7 +155,7 @@ def to_json(table: Table) -> str:
         base = _base_arm(table, row.run)
         out.append({
             "run": row.run.name, "path": str(row.run.path), "arm": row.arm.label,
-            "arm_id": row.arm.id, "index": row.arm.index, "passes": len(row.arm.ok),
+            "arm_id": row.arm.id, "index": row.arm.index, "passes": len(row.arm.measured),
             "failed": len(row.arm.failed), "flags": list(row.flags),
             "retracted": row.arm.is_retracted, "retraction": row.arm.retraction,
             "baseline": table.baseline.get(row.run.name),

@@ -60,7 +60,7 @@ def test_retracted_arm_is_struck_through_and_never_a_baseline(two_arms):
         retract_result(f, "wrong model", on="2026-12-02T00:00:00+00:00")
     run = load_run(two_arms)
     md = table.to_markdown(table.build([run]))
-    assert "| ~~kv=64~~ | ~~0~~ |" in md
+    assert "| ~~kv=64~~ | ~~2~~ | ~~10.0~~ | ~~1000~~ |" in md  # its data kept, struck
     assert "RETRACTED kv=64 on 2026-12-02T00:00:00+00:00: wrong model" in md
     with pytest.raises(UserError, match=r"baseline arm 'kv=64' is retracted \(wrong model\)"):
         table.build([run], baseline="kv=64")
