@@ -27,7 +27,7 @@ td.l{white-space:normal;max-width:60em;overflow-wrap:break-word}
 th{background:#f4f4f4}td:first-child,th:first-child,td.l{text-align:left}
 tr.retracted td{text-decoration:line-through;color:#888}
 .badge{display:inline-block;border-radius:3px;padding:0 .4em;margin:1px;font-size:.8em;
-  background:#eee;white-space:nowrap}
+  background:#eee}td.flags{min-width:16em}
 .badge.NOISY,.badge.CONTENDED{background:#fde7b0}.badge.FAILED,.badge.RETRACTED{background:#f7c1c1}
 .badge.SINGLE{background:#dde8f7}.badge.baseline{background:#cfe9cf}
 .charts{display:flex;flex-wrap:wrap;gap:1em}.charts img{border:1px solid #eee}
@@ -77,7 +77,7 @@ def _table_html(t: table.Table) -> str:
         if ratio_col:
             cells.append(f"<td>{_e(fmt_ratio(row.ratio))}</td>")
         cells += [_cell_html(row.arm.stats.get(m.name)) for m in t.metrics]
-        cells.append(f'<td class="l">{"".join(badges)}</td>')
+        cells.append(f'<td class="l flags">{"".join(badges)}</td>')
         cls = ' class="retracted"' if row.arm.is_retracted else ""
         out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")

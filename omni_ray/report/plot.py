@@ -117,11 +117,15 @@ def pareto(runs: list[Run], y: str = HEADLINE, x: str = MEMORY_HEADLINE) -> byte
     """Throughput against peak memory, one point per arm (min-max bars both ways), the arms
     no other arm beats on both joined as the Pareto front."""
     pts = []
+    sweeps = [r.sweep for r in runs]
     for run in runs:
+        # several runs: name each point's run by its sweep, or sweep/run when sweeps repeat
+        where = "" if len(runs) == 1 else (
+            run.sweep if sweeps.count(run.sweep) == 1 else run.name) + " "
         for arm in run.arms:
             if arm.is_retracted or x not in arm.stats or y not in arm.stats:
                 continue
-            name = arm.label if len(runs) == 1 else f"{run.run_id} {arm.label}"
+            name = where + arm.label
             pts.append((arm.stats[x], arm.stats[y], name))
     if len(pts) < 2:
         return None
@@ -130,7 +134,7 @@ def pareto(runs: list[Run], y: str = HEADLINE, x: str = MEMORY_HEADLINE) -> byte
     for i, (sx, sy, name) in enumerate(pts):
         ax.errorbar([sx.median], [sy.median], xerr=[[sx.median - sx.min], [sx.max - sx.median]],
                     yerr=[[sy.median - sy.min], [sy.max - sy.median]], fmt="o",
-                    color=f"C{i % 10}", capsize=3, label=name[:50])
+                    color=f"C{i % 10}", capsize=3, label=name[:70])
     front = sorted((p for p in pts if not any(
         q[0].median <= p[0].median and q[1].median >= p[1].median
         and (q[0].median, q[1].median) != (p[0].median, p[1].median) for q in pts)),

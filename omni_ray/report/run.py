@@ -74,7 +74,7 @@ class ArmResult:
         ns = {s.n for s in self.stats.values()}
         if ns == {1}:
             out.append("SINGLE PASS")
-        noisy = [m.name for m in METRICS
+        noisy = [m.title for m in METRICS
                  if m.name in self.stats and "NOISY" in flags(self.stats[m.name],
                                                              noise_pct=noise_pct)]
         if noisy:

@@ -27,7 +27,7 @@ def test_stats_over_ok_passes_and_failures_counted(make_run):
     assert arm.stats["decode_tok_s"].n == 2
     assert len(arm.failed) == 1
     assert "FAILED 1/3" in arm.flags(8.0)
-    assert "NOISY: decode_tok_s" in arm.flags(8.0)  # spread 18 %
+    assert "NOISY: decode" in arm.flags(8.0)  # spread 18 %
 
 
 def test_broken_and_foreign_files_are_skipped_and_listed(make_run):
