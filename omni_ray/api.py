@@ -79,6 +79,7 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
                              noise_pct=sweep.noise.spread_pct)
     summary["sweep"] = sweep.name
     summary["labels"] = {a.id: a.label for a in arms}
+    summary["baseline"] = sweep.baseline  # the report's ratio column divides by this arm
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.csv", to_csv(summary))
     write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary))

@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run on busy slots anyway; results are marked contended")
     p.add_argument("--busy-wait", type=float, default=30.0, metavar="S",
                    help="how long to wait for a busy slot before refusing (default 30)")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write RUN_DIR/report.html at the end (omni-ray report can later)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +33,21 @@ def run(args: argparse.Namespace) -> int:
                        busy_wait_s=args.busy_wait, on_event=Progress(sys.stdout))
     if args.dry_run:
         return 0
+    if not args.no_report:
+        write_reports(report.out_dirs.values())
     if report.refused:
         return 1
     return 1 if report.failed else 0
+
+
+def write_reports(out_dirs) -> None:
+    """The HTML report of each run directory, and where it is; a run without a readable record
+    says why in one line instead (the sweep's own exit code stands)."""
+    from omni_ray.errors import UserError
+    from omni_ray.report import write_report
+
+    for out_dir in out_dirs:
+        try:
+            print(f"report: {write_report([out_dir])}", flush=True)
+        except UserError as e:
+            print(f"report not written: {e}", flush=True)

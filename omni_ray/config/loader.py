@@ -17,7 +17,7 @@ from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
 TOP_LEVEL = ("name", "model", "include", "stage", "workload", "matrix", "zip", "passes",
-             "placement", "timeout_s", "noise")
+             "placement", "timeout_s", "noise", "baseline")
 
 _TOP_HINTS = {
     **{k: "belongs under stage:" for k in STAGE_FIELDS if k != "model"},
@@ -71,6 +71,11 @@ def _build(doc: Document, where: Where) -> SweepConfig:
         if key in data:
             scalars[key] = check(data[key], where / key)
 
+    if "baseline" in data:
+        if not isinstance(data["baseline"], str) or not data["baseline"]:
+            raise (where / "baseline").error("must be the label of one arm", data["baseline"])
+        scalars["baseline"] = data["baseline"]
+
     sweep = SweepConfig(
         name=name, source=where.source, stage=StageConfig(**stage),
         workload=WorkloadConfig(**workload), matrix=matrix, zip=zip_groups,
@@ -82,7 +87,11 @@ def _build(doc: Document, where: Where) -> SweepConfig:
 
 def _check_arms(sweep: SweepConfig, where: Where) -> None:
     """Limits that span fields: found here, not after minutes of engine start-up."""
-    for arm in expand(sweep):
+    arms = expand(sweep)
+    if sweep.baseline is not None and sweep.baseline not in {a.label for a in arms}:
+        raise (where / "baseline").error(
+            f"must be the label of one arm ({', '.join(a.label for a in arms)})", sweep.baseline)
+    for arm in arms:
         s, w = arm.stage, arm.workload
         which = "" if arm.label == "base" else f" (arm {arm.label})"
         check_stage(s, where / "stage", which)

@@ -224,6 +224,7 @@ class SweepConfig(_Config):
     timeout_s: float = 600.0        # per arm
     noise: NoiseConfig = dataclasses.field(default_factory=NoiseConfig)
     include: tuple[str, ...] = ()   # the fragments merged in, absolute paths, in merge order
+    baseline: str | None = None     # the label of the arm the report divides the others by
 
     def __post_init__(self) -> None:
         where = Where(self.source or "SweepConfig", os.getcwd())
