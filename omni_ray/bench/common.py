@@ -9,8 +9,25 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from omni_ray import envs
 from omni_ray.results.provenance import collect
 from omni_ray.results.store import write_json_atomic
+
+
+# --isa avx2: what an AVX2-only CPU would run, forced on a bigger x86 one. vllm_omni's int4
+# kernels (VLLM_OMNI_INT4_ISA) and torch's ATen kernels (ATEN_CPU_CAPABILITY, read when torch is
+# imported) in the vLLM engines, and an AVX2-only build of llama.cpp (OMNI_RAY_LLAMACPP_ISA).
+# oneDNN (vLLM bf16's matmuls) and vLLM's own C++ ops keep the machine's instructions: the bf16
+# baseline is the faster for it, never the slower.
+ISAS = ("native", "avx2")
+ENGINE_ISA_ENV = {"native": {}, "avx2": {"VLLM_OMNI_INT4_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2"}}
+
+
+def force_isa(isa: str) -> dict[str, str]:
+    """Make this process's llama.cpp builds and runs use ``isa``; returns what the vLLM engines'
+    environment needs for it (empty for "native")."""
+    os.environ[envs.OMNI_RAY_LLAMACPP_ISA] = isa
+    return dict(ENGINE_ISA_ENV[isa])
 
 
 def median_of(records: list[dict], metric: str) -> float | None:

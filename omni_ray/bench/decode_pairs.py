@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import pairwise, save_and_exit, spread_pct
+from omni_ray.bench.common import ISAS, force_isa, pairwise, save_and_exit, spread_pct
 from omni_ray.bench.step_ab import STAGE, decode_step_ms, in_process_engine, pair_order
 
 VLLM, PEER = "vllm_cpu_int4", "llamacpp_q4_0"
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
             "tok_s": tok_s, "engine_cpu_s_during_peer": cpu_during_peer,
             "peer_wall_s": peer_wall,
             **summarize(tok_s, cpu_during_peer, peer_wall),
-            "patch_report": vllm_omni.patch_report()}
+            "patch_report": vllm_omni.patch_report(), "kernels": vllm_omni.kernel_report()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GOMP_SPINCOUNT of the engine (default 1e7)")
     p.add_argument("--gap", type=float, default=1.0,
                    help="seconds between the engine's last step and the peer's start (default 1)")
+    p.add_argument("--isa", choices=ISAS, default="native",
+                   help="avx2: the engine on vllm_omni's and torch's AVX2 kernels and an AVX2-only "
+                        "llama.cpp, as an AVX2-only CPU runs them (bench/common.py)")
     p.add_argument("--out", default="results/decode_pairs/")
     return p
 
@@ -186,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     check(p, args)
-    body = run(args)
+    # before torch is imported (run() imports vLLM): ATEN_CPU_CAPABILITY is read then
+    os.environ.update(force_isa(args.isa))
+    body = dict(run(args), isa=args.isa)
     med = body["median_tok_s"]
     save_and_exit(args.out, "decode_pairs", body, __spec__.name, argv,
                   f"decode at depth {body['depth']}: vLLM cpu_int4 {med[VLLM]:.1f} tok/s, "

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from omni_ray import envs
+from omni_ray.bench.common import ISAS, force_isa
 from omni_ray.engine.launch import launch_arm
 from omni_ray.errors import UserError
 from omni_ray.measure.cpuload import check_idle
@@ -500,7 +501,7 @@ def run(args: argparse.Namespace) -> Path:
         "provenance": provenance, "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
-        "settings": {"stage": STAGE, "stage_env": args.stage_env,
+        "settings": {"stage": STAGE, "stage_env": args.stage_env, "isa": args.isa,
                      "cpp_wrapper": args.cpp_wrapper, "serial_kernels": args.serial_kernels,
                      "workload": WORKLOAD,
                      "prompt_lens": PROMPT_LENS,
@@ -716,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serial-kernels", action="store_true",
                    help="compiled vLLM arms run inductor's kernels without OpenMP regions "
                         "(stage.serial_kernels)")
+    p.add_argument("--isa", choices=ISAS, default="native",
+                   help="avx2: vllm_omni's and torch's AVX2 kernels in the vLLM arms and an "
+                        "AVX2-only llama.cpp, as an AVX2-only CPU runs them (bench/common.py)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--readme-from", type=Path, default=None, metavar="RESULT.json",
                    help="only rewrite README.md beside RESULT.json from it (no benchmark)")
@@ -730,7 +734,7 @@ def write_readme(result_path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.stage_env = dict(args.stage_env)
+    args.stage_env = {**force_isa(args.isa), **dict(args.stage_env)}
     if args.passes < 1:
         print("int4_peers: error: --passes must be >= 1", file=sys.stderr)
         return 2

