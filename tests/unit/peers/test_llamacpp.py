@@ -259,6 +259,26 @@ def test_host_cpu_names_the_cpu_and_digests_its_flags():
     assert other["flags_digest"] != host["flags_digest"]
 
 
+def _fake_cmake(monkeypatch, build: Path) -> list:
+    """cmake as ensure_built runs it, faked: the calls are recorded, and the build step leaves
+    the binaries under ``build`` behind."""
+    calls = []
+    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
+
+    def fake_step(step, cmd, log, **kw):
+        calls.append((step, cmd, log))
+        if step == "build":  # what cmake --build leaves behind
+            for name in llamacpp.BINARIES:
+                exe = build / "bin" / name
+                exe.parent.mkdir(parents=True, exist_ok=True)
+                exe.write_text("#!/bin/sh\n")
+                exe.chmod(0o755)
+
+    monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
+    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    return calls
+
+
 @pytest.mark.parametrize("record", ["missing", "other flags", "other cpu", "no cpu on record"])
 def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch, record):
     cache = _fake_cache(tmp_path, with_record=record != "missing")
@@ -274,20 +294,7 @@ def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch
         else:
             del rec["host_cpu"]
         (work / "build.json").write_text(json.dumps(rec))
-    calls = []
-    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
-
-    def fake_step(step, cmd, log, **kw):
-        calls.append((step, cmd, log))
-        if step == "build":  # what cmake --build leaves behind
-            for name in llamacpp.BINARIES:
-                exe = work / "build" / "bin" / name
-                exe.parent.mkdir(parents=True, exist_ok=True)
-                exe.write_text("#!/bin/sh\n")
-                exe.chmod(0o755)
-
-    monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
-    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    calls = _fake_cmake(monkeypatch, work / "build")
     llama = llamacpp.ensure_built(cache, jobs=2)
     assert [step for step, _, _ in calls] == ["configure", "build"]
     configure, build = calls[0][1], calls[1][1]
@@ -307,22 +314,9 @@ def test_an_avx2_build_has_its_own_directory_and_no_avx512(tmp_path, monkeypatch
     cache = _fake_cache(tmp_path)
     work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
     monkeypatch.setenv("OMNI_RAY_LLAMACPP_ISA", "avx2")
-    monkeypatch.setattr(llamacpp, "_installed_source", lambda: None)
-    calls = []
-
-    def fake_step(step, cmd, log, **kw):
-        calls.append((step, [str(c) for c in cmd], log))
-        if step == "build":
-            for name in llamacpp.BINARIES:
-                exe = work / "build-avx2" / "bin" / name
-                exe.parent.mkdir(parents=True, exist_ok=True)
-                exe.write_text("#!/bin/sh\n")
-                exe.chmod(0o755)
-
-    monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
-    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    calls = _fake_cmake(monkeypatch, work / "build-avx2")
     llama = llamacpp.ensure_built(cache, jobs=2)
-    configure = calls[0][1]
+    configure = [str(c) for c in calls[0][1]]
     assert "-DGGML_NATIVE=OFF" in configure and "-DGGML_AVX2=ON" in configure
     assert "-DGGML_AVX512=OFF" in configure and "-DGGML_NATIVE=ON" not in configure
     assert str(work / "build-avx2") in configure and calls[1][2] == work / "logs" / "build-avx2.log"
