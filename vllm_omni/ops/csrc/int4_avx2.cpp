@@ -78,17 +78,21 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
     const __m256 inv = _mm256_set1_ps(top > 0 ? kFixedMax / top : 0.0f);
     const __m256i bound = _mm256_set1_epi32(kFixedMax);
     const __m256i nbound = _mm256_set1_epi32(-kFixedMax);
+    const __m256i low7 = _mm256_set1_epi32(127);
     __m256i codes = _mm256_setzero_si256();
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 8) {
       __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(bf16x8_to_fp32(x + k), inv));
       c = _mm256_max_epi32(_mm256_min_epi32(c, bound), nbound);
       codes = _mm256_add_epi32(codes, c);
-      alignas(32) int32_t cs[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(cs), c);
-      for (int j = 0; j < 8; ++j) {
-        hi[k + j] = static_cast<int8_t>(cs[j] >> 7);
-        lo[k + j] = static_cast<int8_t>(cs[j] & 127);
-      }
+      // hi in -128..127 and lo in 0..127 fit the saturating packs: per 128-bit lane the bytes
+      // are hi of 4 k, then lo of the same 4 k
+      const __m256i words = _mm256_packs_epi32(_mm256_srai_epi32(c, 7), _mm256_and_si256(c, low7));
+      const __m256i bytes = _mm256_packs_epi16(words, words);
+      const __m128i b0 = _mm256_castsi256_si128(bytes), b1 = _mm256_extracti128_si256(bytes, 1);
+      const int32_t h0 = _mm_cvtsi128_si32(b0), l0 = _mm_extract_epi32(b0, 1);
+      const int32_t h1 = _mm_cvtsi128_si32(b1), l1 = _mm_extract_epi32(b1, 1);
+      std::memcpy(hi + k, &h0, 4), std::memcpy(hi + k + 4, &h1, 4);
+      std::memcpy(lo + k, &l0, 4), std::memcpy(lo + k + 4, &l1, 4);
     }
     csum[g] = hsum_epi32(codes);
   }
