@@ -8,7 +8,10 @@ rows of x, times side by side in one process, interleaved repetition by repetiti
 - ``onednn_bf16``: what vLLM bf16 runs, ``_C.onednn_mm`` on weights prepacked once at load;
 - ``dequant``: cpu_int4's dequantization of the whole weight to bf16 W^T (the kernel set in use);
 - ``mm_plain``: ``torch.mm(x, W^T)`` on that plain bf16 W^T, the matmul of the branch;
-- ``int4_dense``: the whole branch as a model calls it (``cpu_int4_linear`` at threshold 0).
+- ``int4_dense``: the whole branch as a model calls it (``cpu_int4_linear`` at threshold 0);
+- ``chunked_<c>``: the branch done in chunks of ``c`` output rows (dequantize a chunk, multiply
+  it into its columns of y), so that a chunk's bf16 weights are still in cache when the matmul
+  reads them; ``--chunks`` lists the sizes.
 
 ``int4_dense`` is about ``dequant + mm_plain``; ``mm_plain`` against ``onednn_bf16`` is what the
 unpacked weight layout costs the matmul. Random weights (speed does not depend on values).
@@ -27,7 +30,8 @@ from omni_ray.bench.int4_kernels import GROUP_SIZE, layer_shapes
 from omni_ray.models.build import get_shape
 
 
-def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> list[dict]:
+def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
+            chunks: list[int]) -> list[dict]:
     import torch
     import vllm._custom_ops as ops
 
@@ -48,6 +52,8 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> list[d
                    "dequant": lambda: kern.int4_dequant_t(packed, sz, GROUP_SIZE, 0, n),
                    "mm_plain": lambda: torch.mm(x, wt),
                    "int4_dense": lambda: op(x, packed, sz, GROUP_SIZE, 0)}
+            for c in chunks:
+                fns[f"chunked_{c}"] = lambda c=c, x=x: _chunked(kern, x, packed, sz, n, c)
             ms: dict[str, list[float]] = {name: [] for name in fns}
             for fn in fns.values():
                 fn()  # warm-up
@@ -62,21 +68,36 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int) -> list[d
     return out
 
 
+def _chunked(kern, x, packed, sz, n: int, chunk: int):
+    import torch
+
+    y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+    for r in range(0, n, chunk):
+        end = min(n, r + chunk)
+        torch.mm(x, kern.int4_dequant_t(packed, sz, GROUP_SIZE, r, end), out=y[:, r:end])
+    return y
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--rows", default="128,512", help="rows of x (prompt tokens), comma-separated")
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--chunks", default="256,1024", help="output rows per chunk, comma-separated "
+                   "(multiples of 64)")
     p.add_argument("--out", default="results/int4_prefill/")
     a = p.parse_args(argv)
     rows = [int(r) for r in a.rows.split(",") if r.strip()]
+    chunks = [int(c) for c in a.chunks.split(",") if c.strip()]
     if not rows or min(rows) < 1 or a.reps < 1:
         p.error(f"--rows must be positive integers and --reps >= 1, got {a.rows!r}, {a.reps}")
+    if any(c < 64 or c % 64 for c in chunks):
+        p.error(f"--chunks must be multiples of 64, got {a.chunks!r}")
     from vllm_omni.ops import native
 
     shapes = list(dict.fromkeys(layer_shapes(get_shape(a.shape))))
     body = {"shape": a.shape, "group_size": GROUP_SIZE, "kernel_set": native.kernel_set(),
-            "records": measure(shapes, rows, a.reps)}
+            "records": measure(shapes, rows, a.reps, chunks)}
     totals = {}
     counts = {s: layer_shapes(get_shape(a.shape)).count(s) for s in shapes}
     for r in body["records"]:  # a forward's worth: each shape times how often the model has it
