@@ -9,6 +9,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", help="sweep YAML files (together they form one run)")
     p.add_argument("--address", default=None,
                    help="an existing Ray cluster (auto or HOST:PORT); default: start a local one")
+    p.add_argument("--listen", default=None, metavar="IP",
+                   help="a local Ray listens on this address of the host (default: 127.0.0.1 "
+                        "only; the dashboard stays on 127.0.0.1)")
     p.add_argument("--out", default="results", help="results root (default: results)")
     p.add_argument("--passes", type=int, default=None, help="override every sweep's passes")
     p.add_argument("--resume", action="store_true",
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_sweep(args.files, address=args.address, out=args.out, resume=args.resume,
                        passes=args.passes, dry_run=args.dry_run, allow_busy=args.allow_busy,
-                       busy_wait_s=args.busy_wait, on_event=Progress(sys.stdout))
+                       busy_wait_s=args.busy_wait, listen=args.listen,
+                       on_event=Progress(sys.stdout))
     if args.dry_run:
         return 0
     if not args.no_report:
