@@ -129,7 +129,9 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
         coord = Coordinator(
             run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
             events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
-                          on_record=lambda task, record: emit(events.ArmDone(task, record))))
+                          on_record=lambda task, record: emit(events.ArmDone(task, record)),
+                          on_progress=lambda task, slot, phase, rss: emit(
+                              events.ArmProgress(task, slot, phase, rss))))
         emit(events.Started(sum(len(t) for t in todo.values()), report.skipped,
                             report.dashboard_url))
         try:

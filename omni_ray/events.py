@@ -36,6 +36,18 @@ class ArmStarted:
 
 
 @dataclasses.dataclass(frozen=True)
+class ArmProgress:
+    """What a running arm pass is doing now: ``phase`` ("starting": the engine process is
+    importing; "loading": building the engine; "measuring": running the workload) and the
+    engine tree's RssAnon in MiB (None until the first reading)."""
+
+    task: Any
+    slot: str
+    phase: str
+    rss_mb: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ArmDone:
     """One arm pass is recorded (``record["status"]`` says whether it ran)."""
 
@@ -50,7 +62,7 @@ class Finished:
     report: Any
 
 
-Event = Planned | Started | ArmStarted | ArmDone | Finished
+Event = Planned | Started | ArmStarted | ArmProgress | ArmDone | Finished
 Consumer = Callable[[Event], None]
 
 

@@ -29,12 +29,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from omni_ray.api import run_sweep
-    from omni_ray.cli.display import Progress
+    from omni_ray.cli.display import terminal_view
 
-    report = run_sweep(args.files, address=args.address, out=args.out, resume=args.resume,
-                       passes=args.passes, dry_run=args.dry_run, allow_busy=args.allow_busy,
-                       busy_wait_s=args.busy_wait, listen=args.listen,
-                       on_event=Progress(sys.stdout))
+    with terminal_view(sys.stdout) as view:
+        report = run_sweep(args.files, address=args.address, out=args.out,
+                           resume=args.resume, passes=args.passes, dry_run=args.dry_run,
+                           allow_busy=args.allow_busy, busy_wait_s=args.busy_wait,
+                           listen=args.listen, on_event=view)
     if args.dry_run:
         return 0
     if not args.no_report:

@@ -27,7 +27,10 @@ import omni_ray
 from omni_ray import events
 
 seen = {}
+progress = []
 def look(event):
+    if isinstance(event, events.ArmProgress):
+        progress.append([event.slot, event.phase, event.rss_mb])
     if not isinstance(event, events.ArmStarted) or seen:
         return
     seen["nodes"] = [n["NodeManagerAddress"] for n in ray.nodes()]
@@ -48,6 +51,7 @@ cfg = {"name": "closed", "model": "tiny", "passes": 1, "placement": {"slot_cores
        "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}}
 report = omni_ray.run_sweep(cfg, out=sys.argv[1], allow_busy=True, on_event=look)
 seen["status"] = [r["status"] for r in report.records]
+seen["progress"] = progress
 print(json.dumps(seen))
 """
 
@@ -75,3 +79,16 @@ def test_a_local_sweeps_ray_listens_on_loopback_only(ray_env, tmp_path):
     assert {"gcs_server", "raylet"} <= names, seen["listening"]
     wide = [entry for entry in seen["listening"] if not is_loopback(entry[1])]
     assert wide == [], wide
+
+
+def test_the_sweep_reports_each_running_arms_phase_and_rss(ray_env, tmp_path):
+    run = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], capture_output=True,
+                         text=True, timeout=600, env=ray_env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    progress = json.loads(run.stdout.strip().splitlines()[-1])["progress"]
+    phases = [phase for _slot, phase, _rss in progress]
+    assert set(phases) <= {"starting", "loading", "measuring"} and "loading" in phases, phases
+    # phases only move forward, and the engine tree's RSS was read while it ran
+    order = {"starting": 0, "loading": 1, "measuring": 2}
+    assert [order[p] for p in phases] == sorted(order[p] for p in phases)
+    assert any(rss and rss > 50 for _slot, _phase, rss in progress), progress
