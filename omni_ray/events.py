@@ -28,6 +28,16 @@ class Started:
 
 
 @dataclasses.dataclass(frozen=True)
+class Monitoring:
+    """``--monitor``: Prometheus answers at ``url``; ``graphs`` links each omni-ray metric to
+    its graph; ``moved`` says why the port is not the one asked for (else None)."""
+
+    url: str
+    graphs: dict
+    moved: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ArmStarted:
     """One arm pass went to ``slot``."""
 
@@ -62,7 +72,7 @@ class Finished:
     report: Any
 
 
-Event = Planned | Started | ArmStarted | ArmProgress | ArmDone | Finished
+Event = Planned | Started | Monitoring | ArmStarted | ArmProgress | ArmDone | Finished
 Consumer = Callable[[Event], None]
 
 

@@ -23,6 +23,14 @@ def _num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def monitor_lines(url: str, graphs: dict, moved: str | None) -> list[str]:
+    """What --monitor prints: where Prometheus is (and why not on the port asked), a graph
+    link per omni-ray metric."""
+    lines = [f"Prometheus: {url}" + (f" ({moved})" if moved else "")]
+    lines += [f"  {metric}: {link}" for metric, link in graphs.items()]
+    return lines
+
+
 def print_plan(planned, passes, stream) -> None:
     from omni_ray.topology import local_slots
 
@@ -57,6 +65,9 @@ class Progress:
                 print_plan(planned, passes, self.stream)
             case events.Started(total, skipped, dashboard_url):
                 self.start(total, skipped, dashboard_url)
+            case events.Monitoring(url, graphs, moved):
+                for line in monitor_lines(url, graphs, moved):
+                    self._say(line)
             case events.ArmStarted(task, slot):
                 self.dispatch(task, slot)
             case events.ArmDone(task, record):
@@ -139,6 +150,9 @@ class LiveView:
                 print_plan(planned, passes, self.console.file)
             case events.Started(total, skipped, dashboard_url):
                 self.start(total, skipped, dashboard_url)
+            case events.Monitoring(url, graphs, moved):
+                for line in monitor_lines(url, graphs, moved):
+                    self._say(line)
             case events.ArmStarted(task, slot):
                 self.rows[slot] = {"task": task, "phase": "starting", "rss_mb": None,
                                    "t0": time.monotonic()}

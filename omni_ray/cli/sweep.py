@@ -12,6 +12,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, metavar="IP",
                    help="a local Ray listens on this address of the host (default: 127.0.0.1 "
                         "only; the dashboard stays on 127.0.0.1)")
+    p.add_argument("--monitor", action="store_true",
+                   help="run a local Prometheus (apt-get install prometheus) on Ray's metrics "
+                        "while the sweep runs; prints a graph link per omni-ray metric")
+    p.add_argument("--monitor-port", type=int, default=9090, metavar="PORT",
+                   help="Prometheus's port on 127.0.0.1, or the next free one (default 9090)")
     p.add_argument("--out", default="results", help="results root (default: results)")
     p.add_argument("--passes", type=int, default=None, help="override every sweep's passes")
     p.add_argument("--resume", action="store_true",
@@ -35,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         report = run_sweep(args.files, address=args.address, out=args.out,
                            resume=args.resume, passes=args.passes, dry_run=args.dry_run,
                            allow_busy=args.allow_busy, busy_wait_s=args.busy_wait,
-                           listen=args.listen, on_event=view)
+                           listen=args.listen, monitor=args.monitor,
+                           monitor_port=args.monitor_port, on_event=view)
     if args.dry_run:
         return 0
     if not args.no_report:

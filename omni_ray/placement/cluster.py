@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from omni_ray.errors import UserError
 from omni_ray.topology import detect, make_slots
@@ -111,6 +112,17 @@ def session(address: str | None, slot_sizes, listen: str | None = None) -> Itera
     finally:
         if owns:
             ray.shutdown()
+
+
+def session_dir() -> Path:
+    """The connected Ray's session directory on this machine (its logs, its Prometheus
+    service-discovery file, its Grafana provisioning)."""
+    import ray
+
+    node = ray._private.worker._global_node
+    if node is None:
+        raise RuntimeError("omni-ray: Ray is not connected; no session directory")
+    return Path(node.get_session_dir_path())
 
 
 def capacity(slot_cores: int | None) -> dict[str, int]:
