@@ -96,7 +96,8 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
               on_event: events.Consumer | None = None) -> SweepReport:
     """Run sweeps on every free slot of a local Ray (started here) or of ``address``.
 
-    A local Ray listens on 127.0.0.1 only, unless ``listen`` names an address of this host.
+    A local Ray listens on 127.0.0.1 only, unless ``listen`` names an address of this host
+    (its node address then; Ray binds every interface).
     ``monitor`` runs a Prometheus (the host's ``prometheus`` binary, on 127.0.0.1:
     ``monitor_port`` or the next free port) on Ray's metrics for the length of the run, its
     data in the first sweep's run directory; ``Monitoring`` says where.

@@ -10,8 +10,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="an existing Ray cluster (auto or HOST:PORT); default: start a local one")
     p.add_argument("--listen", default=None, metavar="IP",
-                   help="a local Ray listens on this address of the host (default: 127.0.0.1 "
-                        "only; the dashboard stays on 127.0.0.1)")
+                   help="a local Ray's node address, reachable from other machines (Ray then "
+                        "binds every interface); default 127.0.0.1: every Ray port on loopback "
+                        "only. The dashboard stays on 127.0.0.1")
     p.add_argument("--monitor", action="store_true",
                    help="run a local Prometheus (apt-get install prometheus) on Ray's metrics "
                         "while the sweep runs; prints a graph link per omni-ray metric")

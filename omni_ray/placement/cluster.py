@@ -6,8 +6,9 @@ share cores. A local Ray started on demand advertises the slots of this machine;
 cluster each node advertises its own at ``ray start`` (``omni-ray topology --ray-resources``).
 
 A local Ray is closed by default: its node address is 127.0.0.1, so the GCS, the raylet, the
-workers and the dashboard and metrics agents listen on loopback only (``listen=`` an address of
-this host opens it there; the dashboard stays on 127.0.0.1 with its token either way).
+workers and the dashboard and metrics agents listen on loopback only. ``listen=`` (an address
+of this host) makes that the node address; Ray 2.60 then binds its servers on every interface
+(it keeps to one only for loopback). The dashboard stays on 127.0.0.1 with its token either way.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def loopback_node() -> Iterator[None]:
 def connect(address: str | None, slot_sizes, listen: str | None = None):
     """Start a local Ray with this machine's slots, or join ``address``; returns the context.
 
-    A local Ray listens on 127.0.0.1 only, or on ``listen`` (an address of this host)."""
+    A local Ray listens on 127.0.0.1 only, or has ``listen`` (an address of this host) as its
+    node address, reachable from other machines."""
     import ray
 
     if ray.is_initialized():
