@@ -222,7 +222,8 @@ class LiveView:
         for slot in sorted(self.rows):
             row = self.rows[slot]
             arm_el = time.monotonic() - row["t0"]
-            eta = "?" if mean is None else _fmt_s(max(0.0, mean - arm_el))
+            # past the mean of the finished ones: no honest figure, say so
+            eta = "?" if mean is None or arm_el > mean else _fmt_s(mean - arm_el)
             table.add_row(slot, Text(row["task"].arm.label), str(row["task"].pass_no), row["phase"],
                           _num(row["rss_mb"], ".0f"), _fmt_s(arm_el), eta)
         return table

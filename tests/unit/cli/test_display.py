@@ -105,3 +105,15 @@ def test_a_recorded_arm_leaves_the_table_as_a_line_and_gives_an_eta():
         view(events.ArmDone(t, {"status": "timeout", "slot": {}, "error": "no result [5 s]"}))
         assert view.rows == {} and view.failed == 1 and view._eta() != "?"
     assert "batch=1 pass 2: TIMEOUT: no result [5 s]" in buf.getvalue()  # no markup eaten
+
+
+def test_an_arm_past_the_mean_time_has_no_eta():
+    view, _buf = live_view()
+    t = task()
+    view.total, view.walls = 2, [10.0]
+    view(events.ArmStarted(t, "n0s0"))
+    view.rows["n0s0"]["t0"] -= 25  # 25 s in, where finished arms took 10 s
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    console.print(view.render())
+    row = next(line for line in console.file.getvalue().splitlines() if "n0s0" in line)
+    assert row.strip("│ ").split("│")[-1].strip() == "?"
