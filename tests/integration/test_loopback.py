@@ -56,22 +56,25 @@ print(json.dumps(seen))
 """
 
 
-@pytest.fixture
-def ray_env():
-    """Its own Ray temp dir (short: Ray's socket paths must fit 107 bytes) and token."""
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory):
+    """One sweep, in its own interpreter with its own Ray temp dir (short: Ray's socket paths
+    must fit 107 bytes) and token; what it saw, for every test of the module."""
     tmp = tempfile.mkdtemp(prefix="omr-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env |= {"RAY_TMPDIR": tmp, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    yield env
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def test_a_local_sweeps_ray_listens_on_loopback_only(ray_env, tmp_path):
-    run = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], capture_output=True,
-                         text=True, timeout=600, env=ray_env)
+    try:
+        run = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path_factory.mktemp("res"))],
+                             capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen["status"] == ["ok"]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["status"] == ["ok"]
+    return out
+
+
+def test_a_local_sweeps_ray_listens_on_loopback_only(seen):
     assert seen["nodes"] == ["127.0.0.1"]
     hosts = [t.rsplit(":", 1)[0] for t in seen["targets"]]
     assert hosts and all(h == "127.0.0.1" for h in hosts), seen["targets"]
@@ -81,11 +84,8 @@ def test_a_local_sweeps_ray_listens_on_loopback_only(ray_env, tmp_path):
     assert wide == [], wide
 
 
-def test_the_sweep_reports_each_running_arms_phase_and_rss(ray_env, tmp_path):
-    run = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], capture_output=True,
-                         text=True, timeout=600, env=ray_env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    progress = json.loads(run.stdout.strip().splitlines()[-1])["progress"]
+def test_the_sweep_reports_each_running_arms_phase_and_rss(seen):
+    progress = seen["progress"]
     phases = [phase for _slot, phase, _rss in progress]
     assert set(phases) <= {"starting", "loading", "measuring"} and "loading" in phases, phases
     # phases only move forward, and the engine tree's RSS was read while it ran

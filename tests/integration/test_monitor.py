@@ -50,8 +50,15 @@ def ask(url, session):
             return
         time.sleep(2)
 
+def prometheus_sockets():
+    import psutil
+    return [[c.laddr.ip, c.laddr.port] for p in psutil.Process().children(recursive=True)
+            if p.name() == "prometheus"
+            for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
 def look(event):
     if isinstance(event, events.Monitoring):
+        seen["sockets"] = prometheus_sockets()
         seen["url"], seen["moved"], seen["graphs"] = event.url, event.moved, event.graphs
         session = urllib.parse.parse_qs(urllib.parse.urlparse(
             event.graphs["omni_stage_rss_anon_mb"]).query)["g0.expr"][0].split('"')[1]
@@ -94,6 +101,7 @@ def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
     port = seen["url"].rsplit(":", 1)[1]
     assert seen["moved"] == f"port {taken} is in use, Prometheus is on {port}"
     assert seen["url"].startswith("http://127.0.0.1:") and not seen["url"].endswith(f":{taken}")
+    assert seen["sockets"] == [["127.0.0.1", int(port)]]  # loopback only
     (series,) = seen["rss"]
     labels = series["metric"]
     assert labels["__name__"] == "ray_omni_stage_rss_anon_mb"
