@@ -74,3 +74,13 @@ def test_graph_links_select_this_ray_session(tmp_path):
 def test_exported_names_follow_rays_prometheus_naming():
     assert prometheus.exported_name("omni_stage_rss_anon_mb") == "ray_omni_stage_rss_anon_mb"
     assert prometheus.exported_name("omni_sweep_arms_done") == "ray_omni_sweep_arms_done_total"
+
+
+def test_a_prometheus_that_exits_at_once_names_its_log(tmp_path):
+    prom = Prometheus(tmp_path / "session_x", tmp_path / "p", port=free_port(19190),
+                      binary="/bin/false")
+    with pytest.raises(RuntimeError, match=r"prometheus exited with 1; see .*/p/prometheus.log"):
+        prom.start(ready_timeout_s=10)
+    cfg = json.loads((tmp_path / "p" / "prometheus.yml").read_text())
+    assert cfg["scrape_configs"][0]["file_sd_configs"][0]["files"] == [
+        str(tmp_path / "session_x" / "prom_metrics_service_discovery.json")]
