@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from omni_ray import events
 from omni_ray.config import Arm, SweepConfig, expand, load_sweeps, sweep_from_dict
 from omni_ray.errors import UserError
+from omni_ray.topology.addresses import check_listen
 
 METRICS = ("ready_s", "init_s", "import_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
            "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "ttft_s", "prefill_tok_s",
@@ -89,9 +91,16 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
 def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
               out: str | os.PathLike | None = None, resume: bool = False,
               passes: int | None = None, dry_run: bool = False, allow_busy: bool = False,
-              busy_wait_s: float = 30.0,
+              busy_wait_s: float = 30.0, listen: str | None = None,
+              monitor: bool = False, monitor_port: int = 9090,
               on_event: events.Consumer | None = None) -> SweepReport:
     """Run sweeps on every free slot of a local Ray (started here) or of ``address``.
+
+    A local Ray listens on 127.0.0.1 only, unless ``listen`` names an address of this host
+    (its node address then; Ray binds every interface).
+    ``monitor`` runs a Prometheus (the host's ``prometheus`` binary, on 127.0.0.1:
+    ``monitor_port`` or the next free port) on Ray's metrics for the length of the run, its
+    data in the first sweep's run directory; ``Monitoring`` says where.
 
     ``on_event`` receives what the run emits (``omni_ray.events``): the plan of a dry run, each
     arm pass started and recorded, the end. The CLI passes its terminal view.
@@ -100,6 +109,13 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
     sweeps = load_sweep(config_or_paths)
     if passes is not None and passes < 1:
         raise UserError(f"--passes: must be >= 1, got {passes}")
+    listen = check_listen(listen, address)
+    if not 1 <= monitor_port <= 65535:
+        raise UserError(f"--monitor-port: must be 1..65535, got {monitor_port}")
+    if monitor and not dry_run:
+        from omni_ray.monitor import find_prometheus
+
+        find_prometheus()  # not installed: one line, before Ray or any arm starts
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     root = Path(out if out is not None else "results")
     planned = [(s, expand(s), _run_dir(root, s.name, run_id, resume)) for s in sweeps]
@@ -120,12 +136,21 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             for size, tasks in groups.items()}
     report.skipped = sum(len(t) for t in groups.values()) - sum(len(t) for t in todo.values())
     slot_sizes = list(dict.fromkeys(g.slot_cores for g in groups))
-    with host_lock(), cluster.session(address, slot_sizes) as ctx:
+    with host_lock(), cluster.session(address, slot_sizes, listen) as ctx, \
+            contextlib.ExitStack() as stack:
         report.dashboard_url = getattr(ctx, "dashboard_url", None)
+        if monitor:
+            from omni_ray.monitor import Prometheus
+
+            prom = stack.enter_context(Prometheus(cluster.session_dir(), planned[0][2] /
+                                                  "prometheus", port=monitor_port))
+            emit(events.Monitoring(prom.url, prom.graphs, prom.moved))
         coord = Coordinator(
             run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
             events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
-                          on_record=lambda task, record: emit(events.ArmDone(task, record))))
+                          on_record=lambda task, record: emit(events.ArmDone(task, record)),
+                          on_progress=lambda task, slot, phase, rss: emit(
+                              events.ArmProgress(task, slot, phase, rss))))
         emit(events.Started(sum(len(t) for t in todo.values()), report.skipped,
                             report.dashboard_url))
         try:

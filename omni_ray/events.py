@@ -28,11 +28,33 @@ class Started:
 
 
 @dataclasses.dataclass(frozen=True)
+class Monitoring:
+    """``--monitor``: Prometheus answers at ``url``; ``graphs`` links each omni-ray metric to
+    its graph; ``moved`` says why the port is not the one asked for (else None)."""
+
+    url: str
+    graphs: dict
+    moved: str | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ArmStarted:
     """One arm pass went to ``slot``."""
 
     task: Any
     slot: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ArmProgress:
+    """What a running arm pass is doing now: ``phase`` ("starting": the engine process is
+    importing; "loading": building the engine; "measuring": running the workload) and the
+    engine tree's RssAnon in MiB (None until the first reading)."""
+
+    task: Any
+    slot: str
+    phase: str
+    rss_mb: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +72,7 @@ class Finished:
     report: Any
 
 
-Event = Planned | Started | ArmStarted | ArmDone | Finished
+Event = Planned | Started | Monitoring | ArmStarted | ArmProgress | ArmDone | Finished
 Consumer = Callable[[Event], None]
 
 

@@ -1,6 +1,9 @@
-"""What the sweep verb prints: the plan of a dry run, and a live line per arm while it runs.
+"""What the sweep verb prints: the plan of a dry run, and the arms while they run.
 
-``Progress`` is a consumer of the run's events (``omni_ray.events``), passed to ``run_sweep``.
+Both views are consumers of the run's events (``omni_ray.events``), passed to ``run_sweep``:
+``LiveView`` redraws a table of slots in a terminal (rich); ``Progress`` prints one line per arm
+started and recorded, for a pipe, a CI log or ``ray job submit``. ``terminal_view(stream)``
+picks one by whether ``stream`` is a terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ def _fmt_s(s: float) -> str:
 def _num(value, spec: str) -> str:
     """A figure, or "n/a" where the arm has none (e.g. a decode-by-difference that was <= 0)."""
     return "n/a" if value is None else format(value, spec)
+
+
+def monitor_lines(url: str, graphs: dict, moved: str | None) -> list[str]:
+    """What --monitor prints: where Prometheus is (and why not on the port asked), a graph
+    link per omni-ray metric."""
+    lines = [f"Prometheus: {url}" + (f" ({moved})" if moved else "")]
+    lines += [f"  {metric}: {link}" for metric, link in graphs.items()]
+    return lines
 
 
 def print_plan(planned, passes, stream) -> None:
@@ -42,12 +53,21 @@ class Progress:
         self.total = self.done = self.failed = self.running = 0
         self.t0 = time.monotonic()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
     def __call__(self, event: events.Event) -> None:
         match event:
             case events.Planned(planned, passes):
                 print_plan(planned, passes, self.stream)
             case events.Started(total, skipped, dashboard_url):
                 self.start(total, skipped, dashboard_url)
+            case events.Monitoring(url, graphs, moved):
+                for line in monitor_lines(url, graphs, moved):
+                    self._say(line)
             case events.ArmStarted(task, slot):
                 self.dispatch(task, slot)
             case events.ArmDone(task, record):
@@ -93,3 +113,133 @@ class Progress:
             self._say(f"{name}: results in {out_dir} (summary.md)")
         if report.refused:
             self._say(f"stopped: {report.refused}")
+
+
+def terminal_view(stream):
+    """The live table when ``stream`` is a terminal, else today's plain lines."""
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        from rich.console import Console
+
+        return LiveView(Console(file=stream))
+    return Progress(stream)
+
+
+class LiveView:
+    """A rich live table: one row per slot (arm, pass, phase, RSS now, elapsed, ETA) under a
+    line of totals; a finished arm pass is printed above it as the plain view's line."""
+
+    def __init__(self, console, refresh_per_second: float = 2.0) -> None:
+        self.console = console
+        self.refresh_per_second = refresh_per_second
+        self.total = self.done = self.failed = 0
+        self.walls: list[float] = []  # wall seconds of the arm passes recorded so far
+        self.rows: dict[str, dict] = {}  # slot -> {task, phase, rss_mb, t0}
+        self.t0 = time.monotonic()
+        self.live = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __call__(self, event: events.Event) -> None:
+        match event:
+            case events.Planned(planned, passes):
+                print_plan(planned, passes, self.console.file)
+            case events.Started(total, skipped, dashboard_url):
+                self.start(total, skipped, dashboard_url)
+            case events.Monitoring(url, graphs, moved):
+                for line in monitor_lines(url, graphs, moved):
+                    self._say(line)
+            case events.ArmStarted(task, slot):
+                self.rows[slot] = {"task": task, "phase": "starting", "rss_mb": None,
+                                   "t0": time.monotonic()}
+                self.refresh()
+            case events.ArmProgress(task, slot, phase, rss_mb):
+                row = self.rows.get(slot)
+                if row is not None and row["task"] is task:
+                    row["phase"] = phase
+                    row["rss_mb"] = rss_mb if rss_mb is not None else row["rss_mb"]
+                    self.refresh()
+            case events.ArmDone(task, record):
+                self.record(task, record)
+            case events.Finished(report):
+                self.stop()
+                for name, out_dir in report.out_dirs.items():
+                    self._say(f"{name}: results in {out_dir} (summary.md)")
+                if report.refused:
+                    self._say(f"stopped: {report.refused}")
+
+    def _say(self, text: str) -> None:
+        """One plain line above the table (no rich markup: labels and errors are data)."""
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def start(self, total: int, skipped: int, dashboard_url: str | None) -> None:
+        from rich.live import Live
+
+        self.total, self.t0 = total, time.monotonic()
+        if dashboard_url:
+            self._say(f"Ray dashboard: http://{dashboard_url.removeprefix('http://')}")
+        self._say(f"{total} arm runs to do" + (f", {skipped} already done (resume)"
+                                                if skipped else ""))
+        self.live = Live(console=self.console, get_renderable=self.render,
+                         refresh_per_second=self.refresh_per_second, transient=True)
+        self.live.start()
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.refresh()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def _eta(self) -> str:
+        if not self.walls:
+            return "?"
+        mean = sum(self.walls) / len(self.walls)
+        slots = max(1, len(self.rows))
+        running_left = sum(max(0.0, mean - (time.monotonic() - r["t0"]))
+                           for r in self.rows.values())
+        queued = max(0, self.total - self.done - len(self.rows))
+        return _fmt_s((running_left + queued * mean) / slots)
+
+    def render(self):
+        from rich.table import Table
+        from rich.text import Text
+
+        el = time.monotonic() - self.t0
+        title = (f"{self.done}/{self.total} done, {len(self.rows)} running, {self.failed} "
+                 f"failed, {_fmt_s(el)} elapsed, ETA {self._eta()}")
+        table = Table(title=title, title_justify="left", expand=False)
+        for col, right in (("slot", False), ("arm", False), ("pass", True), ("phase", False),
+                           ("RSS MiB", True), ("elapsed", True), ("ETA", True)):
+            table.add_column(col, justify="right" if right else "left")
+        mean = sum(self.walls) / len(self.walls) if self.walls else None
+        for slot in sorted(self.rows):
+            row = self.rows[slot]
+            arm_el = time.monotonic() - row["t0"]
+            # past the mean of the finished ones: no honest figure, say so
+            eta = "?" if mean is None or arm_el > mean else _fmt_s(mean - arm_el)
+            table.add_row(slot, Text(row["task"].arm.label), str(row["task"].pass_no), row["phase"],
+                          _num(row["rss_mb"], ".0f"), _fmt_s(arm_el), eta)
+        return table
+
+    def record(self, task, record: dict) -> None:
+        self.done += 1
+        for slot, row in list(self.rows.items()):
+            if row["task"] is task:
+                self.walls.append(time.monotonic() - row["t0"])
+                del self.rows[slot]
+        m = record.get("measurements") or {}
+        if record["status"] == "ok":
+            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s, "
+                    f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
+        else:
+            self.failed += 1
+            what = f"{record['status'].upper()}: {record.get('error')}"
+        self._say(f"{task.arm.label} pass {task.pass_no}: {what}")
+        self.refresh()

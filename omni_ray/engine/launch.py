@@ -46,6 +46,18 @@ _TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "
                    r"RssAnon ([\d.]+) -> ([\d.]+) MiB")
 
 
+# The runner says where it is in its log, one line each: "loading" (building vllm.LLM) and
+# "measuring" (the workload); before the first, the process is "starting" (imports).
+PHASE_MARK = "omni-ray phase: "
+_PHASE = re.compile(r"^omni-ray phase: (\w+)$", re.M)
+
+
+def last_phase(text: str, default: str = "starting") -> str:
+    """The last phase line of (a new piece of) an engine log, or ``default`` without one."""
+    found = _PHASE.findall(text)
+    return found[-1] if found else default
+
+
 def scan_log(text: str) -> dict:
     out: dict = {name: len(rx.findall(text)) for name, rx in _MARKERS.items()}
     out["kv_cache_tokens_logged"] = [int(m.replace(",", "")) for m in _KV_TOKENS.findall(text)]

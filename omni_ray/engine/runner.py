@@ -16,6 +16,7 @@ import time
 import traceback
 
 from omni_ray.engine.budget import MiB, kv_bytes_per_token
+from omni_ray.engine.launch import PHASE_MARK
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
@@ -190,9 +191,11 @@ def run(req: dict) -> dict:
             vllm_omni.register()
             from vllm import LLM
         sampler.mark("load_start")
+        print(f"{PHASE_MARK}loading", flush=True)  # the actor's status() reads these
         with Stopwatch() as init:
             llm = LLM(**engine_kwargs(req))
         sampler.mark("ready")
+        print(f"{PHASE_MARK}measuring", flush=True)
         ready_s = time.time() - me.create_time()
         time.sleep(0.3)
         m = dict(

