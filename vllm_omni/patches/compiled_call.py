@@ -41,6 +41,7 @@ import functools
 import logging
 import weakref
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check
 
 NAME = "compiled_call"
@@ -327,12 +328,17 @@ class _State:
                 return result
             why_not = self.plan.go_straight(self.calls, self.inner)
             self.calls, self.inner = [], []
-            logger.info("vllm_omni: compiled_call replays %s: %d graph inputs, %d from the "
+            from_args = len(self.plan.tensor_slots) + len(self.plan.size_slots)
+            events.emit("compiled_call_replay",
+                        "vllm_omni: compiled_call replays %s: %d graph inputs, %d from the "
                         "arguments; %s", self.compiled.fn.__qualname__,
-                        len(self.plan.template),
-                        len(self.plan.tensor_slots) + len(self.plan.size_slots),
+                        len(self.plan.template), from_args,
                         "straight to inductor's C++ entry" if why_not is None else
-                        f"through the graph object ({why_not})")
+                        f"through the graph object ({why_not})",
+                        function=self.compiled.fn.__qualname__,
+                        graph_inputs=len(self.plan.template), from_arguments=from_args,
+                        path="entry" if why_not is None else "graph",
+                        why_not_entry=why_not)
         elif self.seen >= MAX_LEARNING_CALLS:
             self.refuse(f"{self.seen} forwards, all of one input shape")
         return result

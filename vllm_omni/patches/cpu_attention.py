@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check, resolve
 
 NAME = "cpu_attention"
@@ -179,8 +180,10 @@ def _install_native(kernels, stock_update, stock_attention) -> None:
                                   md.scheduler_metadata, md.causal, md.dynamic_causal)
         if not announced and any(g[0] is not None for g in groups.values()):  # not warm-up
             announced = True
-            logger.info("vllm_omni: cpu_attention short path in use (C++ kernels, %d layers)",
-                        sum(len(g[2]) for g in groups.values()))
+            layers = sum(len(g[2]) for g in groups.values())
+            events.emit("cpu_attention_short_path",
+                        "vllm_omni: cpu_attention short path in use (C++ kernels, %d layers)",
+                        layers, kernels="cpp", layers=layers)
         return True
 
     kernels.install(forward_context, sync, stock_update, stock_attention)
@@ -224,8 +227,9 @@ def _announce_armed(kernels) -> None:
     global _ARMED_ANNOUNCED
     if not _ARMED_ANNOUNCED and kernels.armed_calls() > 0:
         _ARMED_ANNOUNCED = True
-        logger.info("vllm_omni: cpu_attention ops served without the GIL (%d calls in the "
-                    "first forward)", kernels.armed_calls())
+        events.emit("cpu_attention_no_gil", "vllm_omni: cpu_attention ops served without the "
+                    "GIL (%d calls in the first forward)", kernels.armed_calls(),
+                    calls=kernels.armed_calls())
 
 
 def apply(original, native: bool | None = None) -> None:
@@ -261,7 +265,9 @@ def apply(original, native: bool | None = None) -> None:
     def announce(name: str) -> None:
         nonlocal announced
         announced = True
-        logger.info("vllm_omni: cpu_attention short path in use (first: %s)", name)
+        events.emit("cpu_attention_short_path",
+                    "vllm_omni: cpu_attention short path in use (first: %s)", name,
+                    kernels="python", first=name)
 
     def decoder_layer(name: str):
         """The layer when the short path reproduces vLLM's exactly for it, else None."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check
 
 NAME = "step_overhead"
@@ -121,7 +122,7 @@ def apply(target) -> None:
         if not native.available():
             logger.info("vllm_omni: step_overhead keeps vLLM's sampler: %s", native.load().reason)
             return None
-        logger.info("vllm_omni: step_overhead greedy argmax in use")
+        events.emit("greedy_argmax", "vllm_omni: step_overhead greedy argmax in use")
         return native.ops().greedy_argmax
 
     @functools.wraps(stock_copy)
