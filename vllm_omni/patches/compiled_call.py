@@ -392,9 +392,30 @@ def apply(target) -> None:
     AOTCompiledFunction.__call__ = mark(__call__, NAME)
 
 
+# What omni_ray.bench.step_ab flips at run time, through vllm_omni.patches.ablate (side A, B).
+ABLATIONS = {
+    NAME: ("vllm", "vllm_omni"),  # vLLM's call of the compiled model, or this patch's replay
+    # a replayed plan calls the graph object Dynamo's code calls, or inductor's C++ entry
+    "compiled_entry": ("graph", "entry"),
+}
+
+
+def ablate(switch: str, side: str) -> None:
+    """Put this process on ``side`` of ``switch`` (one of :data:`ABLATIONS`)."""
+    global STRAIGHT_TO_ENTRY
+    if switch == NAME:
+        remove()
+        if side == "vllm_omni":
+            apply(find_target())
+    elif switch == "compiled_entry":
+        STRAIGHT_TO_ENTRY = side == "entry"
+    else:
+        raise ValueError(f"compiled_call: no ablation {switch!r}")
+
+
 def remove() -> None:
-    """Give the method back to torch and forget every plan (``omni_ray.bench.step_ab`` flips
-    the patch within one process); ``apply`` installs it again."""
+    """Give the method back to torch and forget every plan (for :func:`ablate`, and before
+    applying again); ``apply`` installs it again."""
     global _STOCK, _GENERATION
     _GENERATION += 1
     if _STOCK is not None:
