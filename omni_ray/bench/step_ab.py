@@ -105,8 +105,6 @@ def move_packed_weights(worker, huge: bool) -> int:
 def flipper(switch: str, sampling: dict, llm=None):
     """side -> None: puts the engine's process (or ``sampling``, the SamplingParams fields every
     request of this run gets) in that side's state."""
-    import torch
-
     if switch == "weight_pages":
         def flip_pages(side: str) -> None:
             if not any(llm.collective_rpc(move_packed_weights, args=(side == "huge",))):
