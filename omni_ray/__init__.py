@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["run_sweep", "load_sweep", "SweepReport"]
+__all__ = ["run_sweep", "load_sweep", "SweepReport", "run_stage", "doctor"]
 
 
 def __getattr__(name: str):

@@ -3,6 +3,8 @@
     import omni_ray
     report = omni_ray.run_sweep("configs/smoke.yaml", out="results")
     print(report.failed, report.summaries["smoke"]["arms"])
+    record = omni_ray.run_stage({"model": "tiny", "kv_cache_mib": 64}, {"output_len": 8})
+    info = omni_ray.doctor()
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from omni_ray import events
-from omni_ray.config import Arm, SweepConfig, expand, load_sweeps, sweep_from_dict
+from omni_ray.config import (Arm, StageConfig, SweepConfig, WorkloadConfig, expand, load_sweeps,
+                             stage_from_dict, sweep_from_dict, workload_from_dict)
 from omni_ray.errors import UserError
 from omni_ray.topology.addresses import check_listen
 
@@ -174,3 +177,55 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                     report.summaries[sweep.name] = write_summary(sweep, sweep_arms, out_dir)
     emit(events.Finished(report))
     return report
+
+
+STAGE_SOURCE = "omni-ray stage"  # where a stage or workload given as a dict is said to come from
+
+
+def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
+              slot_cores: int | None = None, timeout_s: float = 600.0,
+              out: str | os.PathLike | None = None,
+              workdir: str | os.PathLike | None = None) -> dict:
+    """Run one arm directly on the first slot of this machine (no Ray, no sweep file) and
+    return its result record (also written to ``out`` when given). ``slot_cores``: the slot's
+    size (default: the whole first node). A stage over its memory budget raises UserError; an
+    engine that fails is a record with status and error, not an exception."""
+    import tempfile
+
+    from omni_ray.engine.budget import budget_problem
+    from omni_ray.engine.launch import launch_arm
+    from omni_ray.results.record import make_record
+    from omni_ray.results.store import write_json_atomic
+    from omni_ray.topology import local_slots
+
+    if isinstance(stage, dict):
+        stage = stage_from_dict(stage, STAGE_SOURCE)
+    if isinstance(workload, dict):
+        workload = workload_from_dict(workload, STAGE_SOURCE)
+    problem = budget_problem(stage)
+    if problem:
+        raise UserError(problem)
+    slot = local_slots(slot_cores)[0]
+    req = {"model": stage.model, "stage": stage.to_dict(), "workload": workload.to_dict(),
+           "cpus": list(slot.cpus), "node": slot.node}
+    work = Path(workdir) if workdir is not None else Path(
+        tempfile.mkdtemp(prefix="omni-ray-stage-"))
+    result = launch_arm(req, work, "stage", timeout_s=timeout_s)
+    record = make_record(kind="stage", config=req, measurements=result.get("measurements") or {},
+                         status=result["status"], error=result.get("error"),
+                         stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
+                         extra={"slot": slot.to_dict(), "log": result.get("log"),
+                                "log_path": result.get("log_path")})
+    if out is not None:
+        write_json_atomic(out, record)
+    return record
+
+
+def doctor() -> dict:
+    """What this installation gives an engine process: versions, each vllm_omni patch applied
+    or why not, cpu_int4 and its kernels, changed upstream functions; ``ok`` is whether every
+    patch and quantization method is in place (imports vLLM, builds kernels on first use)."""
+    from omni_ray.engine import installation
+
+    info = installation.collect()
+    return info | {"ok": installation.healthy(info)}

@@ -105,8 +105,6 @@ def move_packed_weights(worker, huge: bool) -> int:
 def flipper(switch: str, sampling: dict, llm=None):
     """side -> None: puts the engine's process (or ``sampling``, the SamplingParams fields every
     request of this run gets) in that side's state."""
-    import torch
-
     if switch == "weight_pages":
         def flip_pages(side: str) -> None:
             if not any(llm.collective_rpc(move_packed_weights, args=(side == "huge",))):
@@ -123,37 +121,10 @@ def flipper(switch: str, sampling: dict, llm=None):
         from vllm_omni.ops import native
 
         return lambda side: native.ops().set_weight_prefetch(side)
-    from vllm_omni.patches import compiled_call, cpu_attention, step_overhead
+    from vllm_omni import patches
 
-    if switch == "attention_kernels":
-        def flip_kernels(side: str) -> None:
-            cpu_attention.remove()
-            cpu_attention.apply(cpu_attention.find_target(), native=side == "cpp")
-        return flip_kernels
-
-    if switch == "attention_sync":
-        def flip_sync(side: str) -> None:
-            cpu_attention.PER_FORWARD_SYNC = side == "per_forward"
-        return flip_sync
-    if switch == "compiled_entry":
-        def flip_entry(side: str) -> None:
-            compiled_call.STRAIGHT_TO_ENTRY = side == "entry"
-        return flip_entry
-    if switch == "cache_update":
-        def flip_update(side: str) -> None:
-            if cpu_attention._NATIVE is None:
-                raise RuntimeError("cache_update: the cpu_attention patch is not on its C++ "
-                                   "kernels in this engine")
-            cpu_attention._NATIVE.set_direct_update(side == "direct")
-        return flip_update
-    patch = {"cpu_attention": cpu_attention, "step_overhead": step_overhead,
-             "compiled_call": compiled_call}[switch]
-
-    def flip(side: str) -> None:
-        patch.remove()
-        if side == "vllm_omni":
-            patch.apply(patch.find_target())
-    return flip
+    # the rest are switches of vllm_omni's patches, flipped through their ablation interface
+    return functools.partial(patches.ablate, switch)
 
 
 class OutsideModel:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,39 +26,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from omni_ray.config import stage_from_dict, workload_from_dict
-    from omni_ray.engine.budget import budget_problem
-    from omni_ray.engine.launch import launch_arm
-    from omni_ray.errors import UserError
-    from omni_ray.topology import local_slots
-    from omni_ray.results.record import make_record
-    from omni_ray.results.store import write_json_atomic
+    from omni_ray import api
 
-    stage = stage_from_dict({
-        "model": args.model, "kv_cache_mib": args.kv_cache_mib, "quantization": args.quantization,
-        "max_model_len": args.max_model_len, "enforce_eager": not args.compiled,
-        "multiprocessing": args.multiprocessing}, "omni-ray stage")
-    workload = workload_from_dict({
-        "prompt_len": args.prompt_len, "output_len": args.output_len, "batch": args.batch,
-        "context_len": args.context_len, "repeats": args.repeats}, "omni-ray stage")
-    problem = budget_problem(stage)
-    if problem:
-        raise UserError(problem)
-    slot = local_slots(args.slot_cores)[0]
-    req = {"model": stage.model, "stage": stage.to_dict(), "workload": workload.to_dict(),
-           "cpus": list(slot.cpus), "node": slot.node}
-    result = launch_arm(req, Path(tempfile.mkdtemp(prefix="omni-ray-stage-")), "stage",
-                        timeout_s=args.timeout)
-    record = make_record(kind="stage", config=req, measurements=result.get("measurements") or {},
-                         status=result["status"], error=result.get("error"),
-                         stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
-                         extra={"slot": slot.to_dict(), "log": result.get("log"),
-                                "log_path": result.get("log_path")})
-    if args.out:
-        write_json_atomic(args.out, record)
+    record = api.run_stage(
+        {"model": args.model, "kv_cache_mib": args.kv_cache_mib,
+         "quantization": args.quantization, "max_model_len": args.max_model_len,
+         "enforce_eager": not args.compiled, "multiprocessing": args.multiprocessing},
+        {"prompt_len": args.prompt_len, "output_len": args.output_len, "batch": args.batch,
+         "context_len": args.context_len, "repeats": args.repeats},
+        slot_cores=args.slot_cores, timeout_s=args.timeout, out=args.out)
     m = record["measurements"]
     keys = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
             "kv_cache_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s")
-    print(json.dumps({"status": record["status"], "error": record["error"], "slot": slot.name,
-                      **{k: m.get(k) for k in keys}}, indent=2))
+    print(json.dumps({"status": record["status"], "error": record["error"],
+                      "slot": record["slot"]["name"], **{k: m.get(k) for k in keys}}, indent=2))
     return 0 if record["status"] == "ok" else 1

@@ -19,31 +19,35 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omni_ray.results.store import write_json_atomic
+from vllm_omni import events
 
 TAIL_LINES = 40
 
-# What the engine log says that the result needs: compile cache hits and misses, the KV size
-# vLLM allocated, the inductor settings kept over the CPU platform's, the allocator memory
-# vllm_omni returned after load, whether decode attention took vllm_omni's short path (and ran
-# its ops without the GIL), whether sampling took the step_overhead patch's argmax (each once
-# per engine process), how many compiled models' forwards the compiled_call patch replays, and
-# whether cpu_int4's packed weights went to huge-page mappings (vllm_omni/ops/weight_arena.py).
+# What the engine log says that the result needs. vllm_omni's own facts come as structured
+# events (vllm_omni/events.py: one ``vllm_omni-event {json}`` line each), counted by name: the
+# KV budget and inductor settings kept over the CPU platform's, whether decode attention took
+# vllm_omni's short path (on its C++ kernels; its ops without the GIL), whether sampling took
+# the step_overhead patch's argmax (each once per engine process), how many compiled models'
+# forwards the compiled_call patch replays, and the allocator memory returned after load.
+# vLLM's own wording is not ours and stays matched as it is (compile cache hits and misses, the
+# KV size it allocated), as does the weight arena's line, which vllm_omni/ops/ writes as text.
+_EVENTS = {
+    "kv_explicit_kept": lambda e: e["event"] == "kv_explicit_kept",
+    "inductor_config_kept": lambda e: e["event"] == "inductor_config_kept",
+    "cpu_attention_short_path": lambda e: e["event"] == "cpu_attention_short_path",
+    "cpu_attention_native": lambda e: (e["event"] == "cpu_attention_short_path"
+                                       and e.get("kernels") == "cpp"),
+    "cpu_attention_no_gil": lambda e: e["event"] == "cpu_attention_no_gil",
+    "greedy_argmax": lambda e: e["event"] == "greedy_argmax",
+    "compiled_call_replay": lambda e: e["event"] == "compiled_call_replay",
+}
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
-    "kv_explicit_kept": re.compile(r"vllm_omni: keeping explicit kv_cache_memory_bytes"),
-    "inductor_config_kept": re.compile(r"vllm_omni: keeping inductor_compile_config"),
-    "cpu_attention_short_path": re.compile(r"vllm_omni: cpu_attention short path in use"),
-    "cpu_attention_native": re.compile(r"vllm_omni: cpu_attention short path in use \(C\+\+"),
-    "cpu_attention_no_gil": re.compile(r"vllm_omni: cpu_attention ops served without the GIL"),
-    "greedy_argmax": re.compile(r"vllm_omni: step_overhead greedy argmax in use"),
-    "compiled_call_replay": re.compile(r"vllm_omni: compiled_call replays "),
     "weight_arena": re.compile(r"vllm_omni: cpu_int4 packed weights go to mappings advised "
                                r"for huge pages"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
-_TRIM = re.compile(r"\(\w+ pid=(\d+)\).*vllm_omni: malloc_trim after (\w+): "
-                   r"RssAnon ([\d.]+) -> ([\d.]+) MiB")
 
 
 # The runner says where it is in its log, one line each: "loading" (building vllm.LLM) and
@@ -59,12 +63,14 @@ def last_phase(text: str, default: str = "starting") -> str:
 
 
 def scan_log(text: str) -> dict:
-    out: dict = {name: len(rx.findall(text)) for name, rx in _MARKERS.items()}
+    found = events.parse(text)
+    out: dict = {name: sum(map(test, found)) for name, test in _EVENTS.items()}
+    out |= {name: len(rx.findall(text)) for name, rx in _MARKERS.items()}
     out["kv_cache_tokens_logged"] = [int(m.replace(",", "")) for m in _KV_TOKENS.findall(text)]
     out["malloc_trim"] = [
-        {"pid": int(pid), "step": step, "before_mb": float(a), "after_mb": float(b),
-         "released_mb": round(float(a) - float(b), 1)}
-        for pid, step, a, b in _TRIM.findall(text)
+        {"pid": e["pid"], "step": e["step"], "before_mb": e["before_mb"],
+         "after_mb": e["after_mb"], "released_mb": round(e["before_mb"] - e["after_mb"], 1)}
+        for e in found if e["event"] == "malloc_trim"
     ]
     return out
 

@@ -51,7 +51,7 @@ def _engine_main(spec_path: str, out_path: str) -> None:
     torch.save({"tokens": list(out.outputs[0].token_ids), "logits": logits,
                 "kernel_set": int4_linear.kernels(),
                 "torch_capability": torch.backends.cpu.get_cpu_capability(),
-                "attention_kernels": "cpp" if cpu_attention._NATIVE is not None else "python",
+                "attention_kernels": cpu_attention.kernels_in_use(),
                 "dynamic_threads": inductor.get("cpp.dynamic_threads"),
                 "compiled_call": compiled_call.replays()},
                out_path)

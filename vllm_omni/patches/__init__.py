@@ -7,10 +7,22 @@ sometimes more than once) is a no-op; two patches may wrap the same target, each
 name (``functools.wraps`` carries the inner wrapper's names to the outer one). A patch whose
 target is gone logs a warning and reports why: a stale patch must show up as a missing
 optimisation in ``patch_report()``, not as a crash or silence.
+
+Ablations (benchmarks only): a patch that can be flipped within a running process also defines
+``ABLATIONS`` (switch -> its two sides, A first) and ``ablate(switch, side)``, and ``remove()``
+to undo ``apply``. Callers use :func:`ablate` here, never a patch's module state:
+
+    from vllm_omni import patches
+    patches.ablations()                      # {"cpu_attention": ("vllm", "vllm_omni"), ...}
+    patches.ablate("cpu_attention", "vllm")  # vLLM's own attention ops from now on
+    with patches.ablated("compiled_entry", "graph", back="entry"): ...
+
+``omni_ray.bench.step_ab`` is the user; an engine never calls these.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
@@ -82,6 +94,35 @@ def apply_all() -> list[PatchStatus]:
     for patch in PATCHES:
         _status[patch.NAME] = _apply_one(patch)
     return [_status[p.NAME] for p in PATCHES]
+
+
+def ablations() -> dict[str, tuple[str, str]]:
+    """Every run-time switch of the patches: name -> (side A, side B)."""
+    return {switch: sides for patch in PATCHES for switch, sides in
+            getattr(patch, "ABLATIONS", {}).items()}
+
+
+def ablate(switch: str, side: str) -> None:
+    """Put this process on ``side`` of the patch switch ``switch`` (see :func:`ablations`)."""
+    for patch in PATCHES:
+        sides = getattr(patch, "ABLATIONS", {}).get(switch)
+        if sides is None:
+            continue
+        if side not in sides:
+            raise ValueError(f"ablation {switch}: side must be one of {list(sides)}, got {side!r}")
+        patch.ablate(switch, side)
+        return
+    raise ValueError(f"no ablation {switch!r}; known: {sorted(ablations())}")
+
+
+@contextlib.contextmanager
+def ablated(switch: str, side: str, *, back: str):
+    """``ablate(switch, side)`` for the block, then ``ablate(switch, back)``."""
+    ablate(switch, side)
+    try:
+        yield
+    finally:
+        ablate(switch, back)
 
 
 def report() -> list[PatchStatus]:

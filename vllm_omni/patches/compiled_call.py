@@ -41,6 +41,7 @@ import functools
 import logging
 import weakref
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check
 
 NAME = "compiled_call"
@@ -327,12 +328,17 @@ class _State:
                 return result
             why_not = self.plan.go_straight(self.calls, self.inner)
             self.calls, self.inner = [], []
-            logger.info("vllm_omni: compiled_call replays %s: %d graph inputs, %d from the "
+            from_args = len(self.plan.tensor_slots) + len(self.plan.size_slots)
+            events.emit("compiled_call_replay",
+                        "vllm_omni: compiled_call replays %s: %d graph inputs, %d from the "
                         "arguments; %s", self.compiled.fn.__qualname__,
-                        len(self.plan.template),
-                        len(self.plan.tensor_slots) + len(self.plan.size_slots),
+                        len(self.plan.template), from_args,
                         "straight to inductor's C++ entry" if why_not is None else
-                        f"through the graph object ({why_not})")
+                        f"through the graph object ({why_not})",
+                        function=self.compiled.fn.__qualname__,
+                        graph_inputs=len(self.plan.template), from_arguments=from_args,
+                        path="entry" if why_not is None else "graph",
+                        why_not_entry=why_not)
         elif self.seen >= MAX_LEARNING_CALLS:
             self.refuse(f"{self.seen} forwards, all of one input shape")
         return result
@@ -386,9 +392,30 @@ def apply(target) -> None:
     AOTCompiledFunction.__call__ = mark(__call__, NAME)
 
 
+# What omni_ray.bench.step_ab flips at run time, through vllm_omni.patches.ablate (side A, B).
+ABLATIONS = {
+    NAME: ("vllm", "vllm_omni"),  # vLLM's call of the compiled model, or this patch's replay
+    # a replayed plan calls the graph object Dynamo's code calls, or inductor's C++ entry
+    "compiled_entry": ("graph", "entry"),
+}
+
+
+def ablate(switch: str, side: str) -> None:
+    """Put this process on ``side`` of ``switch`` (one of :data:`ABLATIONS`)."""
+    global STRAIGHT_TO_ENTRY
+    if switch == NAME:
+        remove()
+        if side == "vllm_omni":
+            apply(find_target())
+    elif switch == "compiled_entry":
+        STRAIGHT_TO_ENTRY = side == "entry"
+    else:
+        raise ValueError(f"compiled_call: no ablation {switch!r}")
+
+
 def remove() -> None:
-    """Give the method back to torch and forget every plan (``omni_ray.bench.step_ab`` flips
-    the patch within one process); ``apply`` installs it again."""
+    """Give the method back to torch and forget every plan (for :func:`ablate`, and before
+    applying again); ``apply`` installs it again."""
     global _STOCK, _GENERATION
     _GENERATION += 1
     if _STOCK is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check, resolve
 
 NAME = "cpu_attention"
@@ -179,8 +180,10 @@ def _install_native(kernels, stock_update, stock_attention) -> None:
                                   md.scheduler_metadata, md.causal, md.dynamic_causal)
         if not announced and any(g[0] is not None for g in groups.values()):  # not warm-up
             announced = True
-            logger.info("vllm_omni: cpu_attention short path in use (C++ kernels, %d layers)",
-                        sum(len(g[2]) for g in groups.values()))
+            layers = sum(len(g[2]) for g in groups.values())
+            events.emit("cpu_attention_short_path",
+                        "vllm_omni: cpu_attention short path in use (C++ kernels, %d layers)",
+                        layers, kernels="cpp", layers=layers)
         return True
 
     kernels.install(forward_context, sync, stock_update, stock_attention)
@@ -224,13 +227,56 @@ def _announce_armed(kernels) -> None:
     global _ARMED_ANNOUNCED
     if not _ARMED_ANNOUNCED and kernels.armed_calls() > 0:
         _ARMED_ANNOUNCED = True
-        logger.info("vllm_omni: cpu_attention ops served without the GIL (%d calls in the "
-                    "first forward)", kernels.armed_calls())
+        events.emit("cpu_attention_no_gil", "vllm_omni: cpu_attention ops served without the "
+                    "GIL (%d calls in the first forward)", kernels.armed_calls(),
+                    calls=kernels.armed_calls())
 
 
-def apply(original, native: bool | None = None) -> None:
-    """Install the short path's kernels: the C++ ones when they can serve (or ``native=True``
-    asks and they can), else the Python ones (``native=False`` forces these)."""
+def apply(original) -> None:
+    """Install the short path's kernels: the C++ ones when they can serve, else the Python ones."""
+    _install(original, native=None)
+
+
+# What omni_ray.bench.step_ab flips at run time, through vllm_omni.patches.ablate (side A, B).
+ABLATIONS = {
+    NAME: ("vllm", "vllm_omni"),  # vLLM's own attention ops, or this patch's short path
+    "attention_kernels": ("python", "cpp"),  # the short path on its Python or C++ kernels
+    # the C++ kernels check the forward context on every op call, or get it once a forward
+    "attention_sync": ("per_op", "per_forward"),
+    # the C++ kernels write new K/V rows with vLLM's reshape_and_cache, or copy them directly
+    "cache_update": ("vllm", "direct"),
+}
+
+
+def ablate(switch: str, side: str) -> None:
+    """Put this process on ``side`` of ``switch`` (one of :data:`ABLATIONS`)."""
+    global PER_FORWARD_SYNC
+    if switch == NAME:
+        remove()
+        if side == "vllm_omni":
+            apply(find_target())
+    elif switch == "attention_kernels":
+        remove()
+        _install(find_target(), native=side == "cpp")
+    elif switch == "attention_sync":
+        PER_FORWARD_SYNC = side == "per_forward"
+    elif switch == "cache_update":
+        if _NATIVE is None:
+            raise RuntimeError("cache_update: the cpu_attention patch is not on its C++ kernels "
+                               "in this engine")
+        _NATIVE.set_direct_update(side == "direct")
+    else:
+        raise ValueError(f"cpu_attention: no ablation {switch!r}")
+
+
+def kernels_in_use() -> str | None:
+    """"cpp" or "python" while the short path is installed in this process, else None."""
+    return "cpp" if _NATIVE is not None else "python" if _LIB is not None else None
+
+
+def _install(original, native: bool | None) -> None:
+    """The short path's kernels: the C++ ones when they can serve (or ``native=True`` asks and
+    they can; else LookupError), else the Python ones (``native=False`` forces these)."""
     import torch
     from torch.library import Library
     from vllm import forward_context
@@ -261,7 +307,9 @@ def apply(original, native: bool | None = None) -> None:
     def announce(name: str) -> None:
         nonlocal announced
         announced = True
-        logger.info("vllm_omni: cpu_attention short path in use (first: %s)", name)
+        events.emit("cpu_attention_short_path",
+                    "vllm_omni: cpu_attention short path in use (first: %s)", name,
+                    kernels="python", first=name)
 
     def decoder_layer(name: str):
         """The layer when the short path reproduces vLLM's exactly for it, else None."""
@@ -322,8 +370,8 @@ def apply(original, native: bool | None = None) -> None:
 
 
 def remove() -> None:
-    """Give both ops back to vLLM's own kernels (``omni_ray.bench.step_ab`` flips the patch
-    within one process); ``apply`` installs it again."""
+    """Give both ops back to vLLM's own kernels (for :func:`ablate`; ``apply`` installs the
+    patch again)."""
     global _LIB, _NATIVE
     from vllm_omni.patches import unmark
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from vllm_omni import events
 from vllm_omni.patches.kv_budget import TARGET, find_target  # the same classmethod, wrapped twice
 
 NAME = "inductor_config"
@@ -41,8 +42,10 @@ def apply(original) -> None:
         inductor = vllm_config.compilation_config.inductor_compile_config
         for key, value in passed.items():
             if key in inductor and inductor[key] != value:
-                logger.info("vllm_omni: keeping inductor_compile_config[%r]=%r over the CPU "
-                            "platform's %r", key, value, inductor[key])
+                events.emit("inductor_config_kept",
+                            "vllm_omni: keeping inductor_compile_config[%r]=%r over the CPU "
+                            "platform's %r", key, value, inductor[key], key=key, value=value,
+                            platform_value=inductor[key])
                 inductor[key] = value
 
     CpuPlatform.check_and_update_config = classmethod(mark(check_and_update_config, NAME))

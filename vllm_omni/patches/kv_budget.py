@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import os
 
-from vllm_omni import envs
+from vllm_omni import envs, events
 
 NAME = "kv_budget"
 TARGET = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 
 logger = logging.getLogger("vllm.omni")
-# What the engine log says when the patch wins; omni_ray.engine.launch counts this line.
+# What the engine log says when the patch wins (omni_ray.engine.launch counts the
+# kv_explicit_kept event logged with it, not this wording).
 KEPT_LOG = "vllm_omni: keeping explicit kv_cache_memory_bytes=%d over %s=%s"
 
 
@@ -56,8 +57,10 @@ def apply(original) -> None:
         explicit = cache_config.kv_cache_memory_bytes
         original(cls, vllm_config)
         if explicit is not None and cache_config.kv_cache_memory_bytes != explicit:
-            logger.info(KEPT_LOG, explicit, envs.VLLM_CPU_KVCACHE_SPACE,
-                        os.environ.get(envs.VLLM_CPU_KVCACHE_SPACE))
+            value = os.environ.get(envs.VLLM_CPU_KVCACHE_SPACE)
+            events.emit("kv_explicit_kept", KEPT_LOG, explicit, envs.VLLM_CPU_KVCACHE_SPACE,
+                        value, bytes=explicit, variable=envs.VLLM_CPU_KVCACHE_SPACE,
+                        value=value)
             cache_config.kv_cache_memory_bytes = explicit
 
     CpuPlatform.check_and_update_config = classmethod(mark(check_and_update_config, NAME))

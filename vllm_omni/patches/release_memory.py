@@ -18,6 +18,8 @@ import dataclasses
 import functools
 import logging
 
+from vllm_omni import events
+
 NAME = "release_memory"
 TARGET = "vllm.v1.worker.cpu_worker.CPUWorker.{load_model,compile_or_warm_up_model}"
 METHODS = ("load_model", "compile_or_warm_up_model")
@@ -57,8 +59,12 @@ def trim(step: str) -> TrimEvent:
     _libc().malloc_trim(0)
     event = TrimEvent(step, before, rss_anon_mb())
     TRIM_EVENTS.append(event)
-    logger.info("vllm_omni: malloc_trim after %s: RssAnon %.1f -> %.1f MiB (released %.1f)",
-                step, event.rss_anon_before_mb, event.rss_anon_after_mb, event.released_mb)
+    events.emit("malloc_trim",
+                "vllm_omni: malloc_trim after %s: RssAnon %.1f -> %.1f MiB (released %.1f)",
+                step, event.rss_anon_before_mb, event.rss_anon_after_mb, event.released_mb,
+                step=step, before_mb=round(event.rss_anon_before_mb, 1),
+                after_mb=round(event.rss_anon_after_mb, 1),
+                released_mb=round(event.released_mb, 1))
     return event
 
 

@@ -22,10 +22,14 @@ def resolve(dotted: str):
     raise ImportError(dotted)
 
 
+def source_fingerprint(source: str) -> str:
+    """sha256 (first 16 hex digits) of a function's source text."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 def fingerprint(fn) -> str:
     """sha256 (first 16 hex digits) of the function's source, under any functools.wraps."""
-    fn = inspect.unwrap(fn)
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    return source_fingerprint(inspect.getsource(inspect.unwrap(fn)))
 
 
 def check(replicated: dict[str, str], owner: str = "vLLM") -> None:
@@ -40,4 +44,5 @@ def check(replicated: dict[str, str], owner: str = "vLLM") -> None:
         if found != digest:
             changed.append(name)
     if changed:
-        raise LookupError(f"{owner} changed code this patch reproduces: " + ", ".join(changed))
+        raise LookupError(f"{owner} changed code this patch reproduces: " + ", ".join(changed)
+                          + " (python -m vllm_omni.patches.upstream check shows the diffs)")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 
+from vllm_omni import events
 from vllm_omni.patches.replicated import check
 
 NAME = "step_overhead"
@@ -121,7 +122,7 @@ def apply(target) -> None:
         if not native.available():
             logger.info("vllm_omni: step_overhead keeps vLLM's sampler: %s", native.load().reason)
             return None
-        logger.info("vllm_omni: step_overhead greedy argmax in use")
+        events.emit("greedy_argmax", "vllm_omni: step_overhead greedy argmax in use")
         return native.ops().greedy_argmax
 
     @functools.wraps(stock_copy)
@@ -159,9 +160,23 @@ def apply(target) -> None:
     mark(Sampler.forward, NAME)
 
 
+# What omni_ray.bench.step_ab flips at run time, through vllm_omni.patches.ablate (side A, B):
+# vLLM's own per-step Python, or this patch's three shorter paths.
+ABLATIONS = {NAME: ("vllm", "vllm_omni")}
+
+
+def ablate(switch: str, side: str) -> None:
+    """Put this process on ``side`` of ``switch`` (one of :data:`ABLATIONS`)."""
+    if switch != NAME:
+        raise ValueError(f"step_overhead: no ablation {switch!r}")
+    remove()
+    if side == "vllm_omni":
+        apply(find_target())
+
+
 def remove() -> None:
-    """Give the three methods back to vLLM (``omni_ray.bench.step_ab`` flips the patch within
-    one process); ``apply`` installs them again."""
+    """Give the three methods back to vLLM (for :func:`ablate`, and before applying again);
+    ``apply`` installs them again."""
     for (cls, name), fn in _ORIGINALS.items():
         setattr(cls, name, fn)
     _ORIGINALS.clear()

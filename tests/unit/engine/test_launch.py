@@ -3,12 +3,15 @@
 import ast
 import importlib.metadata
 import logging
+import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from omni_ray.engine import launch
 from omni_ray.engine.runner import engine_env, engine_kwargs
+from vllm_omni import events, patches
 from vllm_omni.patches import kv_budget, release_memory
 
 
@@ -48,27 +51,72 @@ def omni_records():
 
 def test_scan_log_reads_the_lines_the_real_logging_calls_write(omni_records):
     event = release_memory.trim("load_model")  # the real call, in this process
-    (trim,) = omni_records
+    events.emit("kv_explicit_kept", kv_budget.KEPT_LOG, 67108864, "VLLM_CPU_KVCACHE_SPACE",
+                "1", bytes=67108864, variable="VLLM_CPU_KVCACHE_SPACE", value="1")
     kv_tokens = vllm_message("v1/core/kv_cache_utils.py", "KV cache size:") % (
         "CPU", "65,536", "256", 256.0)
     aot_failed = vllm_message("compilation/decorators.py", "Compiling model again") % (
         "", "/cache/model", "corrupted")
     log = "\n".join([
         f"(EngineCore pid=4242) INFO 12-02 [kv_cache_utils.py:2328] {kv_tokens}",
-        "(MainProcess pid=4241) INFO 12-02 [kv_budget.py:58] "
-        + kv_budget.KEPT_LOG % (67108864, "VLLM_CPU_KVCACHE_SPACE", "1"),
-        engine_line("EngineCore pid=4242", trim),
+        *(engine_line("EngineCore pid=4242", r) for r in omni_records),
         f"(MainProcess pid=1) WARNING 12-02 [decorators.py:334] {aot_failed}",
     ])
     out = launch.scan_log(log)
     assert out["kv_cache_tokens_logged"] == [65536]
     assert out["kv_explicit_kept"] == 1
     assert out["aot_load_failed"] == 1 and out["aot_loaded"] == 0
+    before, after = round(event.rss_anon_before_mb, 1), round(event.rss_anon_after_mb, 1)
     assert out["malloc_trim"] == [{
-        "pid": 4242, "step": "load_model", "before_mb": round(event.rss_anon_before_mb, 1),
-        "after_mb": round(event.rss_anon_after_mb, 1),
-        "released_mb": round(round(event.rss_anon_before_mb, 1)
-                             - round(event.rss_anon_after_mb, 1), 1)}]
+        "pid": os.getpid(), "step": "load_model", "before_mb": before, "after_mb": after,
+        "released_mb": round(before - after, 1)}]
+
+
+def test_the_human_message_stays_beside_the_event(omni_records):
+    release_memory.trim("compile_or_warm_up_model")
+    human, structured = (r.getMessage() for r in omni_records)
+    assert human.startswith("vllm_omni: malloc_trim after compile_or_warm_up_model: RssAnon ")
+    assert structured.startswith(events.PREFIX)
+    assert launch.scan_log(human)["malloc_trim"] == []  # the wording is not what is read
+
+
+def test_each_counted_event_is_one_a_patch_emits():
+    # launch counts events by name; a patch renaming one must not silently zero a result field
+    emitted = set()
+    for path in Path(patches.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "emit" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "events"):
+                emitted.add(node.args[0].value)
+    counted = {name for name in launch._EVENTS}
+    counted.discard("cpu_attention_native")  # the C++ kernels' cpu_attention_short_path
+    assert counted | {"malloc_trim"} == emitted
+
+
+@pytest.mark.parametrize("line, field", [
+    (events.line("cpu_attention_short_path", kernels="cpp", layers=24), "cpu_attention_native"),
+    (events.line("cpu_attention_short_path", kernels="python", first="l0"),
+     "cpu_attention_short_path"),
+    (events.line("cpu_attention_no_gil", calls=48), "cpu_attention_no_gil"),
+    (events.line("greedy_argmax"), "greedy_argmax"),
+    (events.line("inductor_config_kept", key="cpp.threads", value=1, platform_value=2),
+     "inductor_config_kept"),
+    (events.line("compiled_call_replay", function="Qwen2Model.forward", graph_inputs=248,
+                 from_arguments=3, path="entry", why_not_entry=None), "compiled_call_replay"),
+])
+def test_an_event_line_sets_its_field_and_no_other(line, field):
+    out = launch.scan_log(f"(EngineCore pid=9) INFO 12-02 [events.py:33] {line}\n")
+    counts = {k: v for k, v in out.items() if isinstance(v, int) and v}
+    expected = {field: 1}
+    if field == "cpu_attention_native":
+        expected["cpu_attention_short_path"] = 1
+    assert counts == expected
+
+
+def test_a_line_cut_short_by_a_kill_is_skipped():
+    whole = events.line("greedy_argmax")
+    assert launch.scan_log(f"{whole}\n{whole[:-3]}")["greedy_argmax"] == 1
 
 
 def test_scan_log_sees_an_aot_load():

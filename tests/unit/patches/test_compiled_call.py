@@ -196,5 +196,6 @@ def test_guards_run_when_vllm_keeps_them_on(call):
 def test_refuses_a_torch_whose_call_changed(monkeypatch):
     name = next(iter(compiled_call.REPLICATED))
     monkeypatch.setitem(compiled_call.REPLICATED, name, "0" * 16)
-    with pytest.raises(LookupError, match=f"torch changed code this patch reproduces: {name}$"):
+    with pytest.raises(LookupError, match=f"torch changed code this patch reproduces: {name} "
+                       r"\(python -m vllm_omni.patches.upstream check shows the diffs\)$"):
         compiled_call.find_target()
