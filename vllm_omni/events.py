@@ -15,6 +15,7 @@ Events (``name``: fields):
 - ``compiled_call_replay``: ``function``, ``graph_inputs``, ``from_arguments``, ``path``
   ("entry" or "graph"), ``why_not_entry``
 - ``malloc_trim``: ``step``, ``before_mb``, ``after_mb``, ``released_mb`` (release_memory)
+- ``weight_arena``: ``chunk_mib`` (cpu_int4's packed weights go to huge-page mappings; once)
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ TAIL_LINES = 40
 # the step_overhead patch's argmax (each once per engine process), how many compiled models'
 # forwards the compiled_call patch replays, and the allocator memory returned after load.
 # vLLM's own wording is not ours and stays matched as it is (compile cache hits and misses, the
-# KV size it allocated), as does the weight arena's line, which vllm_omni/ops/ writes as text.
+# KV size it allocated); cpu_int4's packed weights going to huge-page mappings (weight_arena) is
+# an event too.
 _EVENTS = {
     "kv_explicit_kept": lambda e: e["event"] == "kv_explicit_kept",
     "inductor_config_kept": lambda e: e["event"] == "inductor_config_kept",
@@ -40,12 +41,11 @@ _EVENTS = {
     "cpu_attention_no_gil": lambda e: e["event"] == "cpu_attention_no_gil",
     "greedy_argmax": lambda e: e["event"] == "greedy_argmax",
     "compiled_call_replay": lambda e: e["event"] == "compiled_call_replay",
+    "weight_arena": lambda e: e["event"] == "weight_arena",
 }
 _MARKERS = {
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
     "aot_load_failed": re.compile(r"Compiling model again due to a load failure"),
-    "weight_arena": re.compile(r"vllm_omni: cpu_int4 packed weights go to mappings advised "
-                               r"for huge pages"),
 }
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 

@@ -29,7 +29,7 @@ import weakref
 
 import torch
 
-from vllm_omni import envs
+from vllm_omni import envs, events
 
 # vLLM's logger tree, so the lines reach the engine's log (omni_ray.engine.launch counts them).
 logger = logging.getLogger("vllm.omni")
@@ -64,8 +64,9 @@ class Arena:
             return None
         if not self._announced:
             self._announced = True
-            logger.info("vllm_omni: cpu_int4 packed weights go to mappings advised for huge "
-                        "pages (%s MiB each)", self.chunk_bytes >> 20)
+            events.emit("weight_arena", "vllm_omni: cpu_int4 packed weights go to mappings "
+                        "advised for huge pages (%s MiB each)", self.chunk_bytes >> 20,
+                        chunk_mib=self.chunk_bytes >> 20)
         base = torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
         return m, -base % HUGE_PAGE
 

@@ -70,8 +70,8 @@ def test_the_first_mapping_is_announced_in_the_line_the_engine_log_counts(caplog
     with caplog.at_level("INFO", logger="vllm.omni"):
         for _ in range(3):  # three mappings, one line
             arena.empty((1 << 20,), torch.uint8)
-    assert launch._MARKERS["weight_arena"].findall(caplog.text) == [
-        "vllm_omni: cpu_int4 packed weights go to mappings advised for huge pages"]
+    assert launch.scan_log(caplog.text)["weight_arena"] == 1
+    assert "packed weights go to mappings advised for huge pages (1 MiB each)" in caplog.text
 
 
 def test_refused_advice_falls_back_to_torch(monkeypatch, caplog):
