@@ -347,7 +347,13 @@ def ratios_by_pass(records: list[dict]) -> dict[str, dict[int, float | None]]:
 
 
 def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | None) -> dict:
-    from omni_ray.bench.speed_of_light import bytes_per_token, fraction
+    """Each engine's decode against the bound of its regime (``speed_of_light.regime_bound``).
+
+    ``bandwidth``: a ``speed_of_light --regimes`` result (its ``regimes`` probes and ``llc``);
+    an older one without them gives no regime, and fractions against its one DRAM-sized probe.
+    """
+    from omni_ray.bench.speed_of_light import bytes_per_token, regime_bound
+    from omni_ray.measure.regime import DRAM_BOUND
 
     shape = get_shape(shape_name)
     bpt = {"vllm-bf16": bytes_per_token(shape, "bf16"),
@@ -355,16 +361,18 @@ def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | Non
     for qtype in LLAMA_TYPES:
         # every tensor of the GGUF is read once a token (a tied token_embd is the output head)
         bpt[f"llamacpp-{qtype}"] = {"total": art["gguf"][qtype]["bytes"]}
-    bw = (bandwidth or {}).get("ceiling_gb_s")
-    out = {"bandwidth_gb_s": bw, "bytes_per_token": bpt, "engines": {}}
+    bandwidth = bandwidth or {}
+    probes = bandwidth.get("regimes") or ({DRAM_BOUND: bandwidth} if bandwidth else {})
+    llc_bytes = (bandwidth.get("llc") or {}).get("bytes_for_cpus")
+    bw = bandwidth.get("ceiling_gb_s")
+    out = {"bandwidth_gb_s": bw, "llc_bytes": llc_bytes, "bytes_per_token": bpt,
+           "probes": {k: {"size_bytes": v.get("size_bytes"), "ceiling_gb_s": v.get("ceiling_gb_s")}
+                      for k, v in probes.items()},
+           "engines": {}}
     for name, row in rows.items():
         key = name if name.startswith("llamacpp") else name.rsplit("-", 1)[0]
-        b = bpt[key]["total"]
-        tok_s = row.get("decode_tok_s")
-        out["engines"][name] = {
-            "bytes_per_token": b, "bound_tok_s": bw * 1e9 / b if bw else None,
-            "decode_tok_s": tok_s, "fraction": fraction(tok_s, b, bw) if bw else None,
-            "achieved_gb_s": tok_s * b / 1e9 if tok_s else None}
+        out["engines"][name] = regime_bound(row.get("decode_tok_s"), bpt[key]["total"],
+                                            llc_bytes, probes)
     return out
 
 
@@ -390,7 +398,7 @@ def profile_bandwidth(profile: dict | None, shape_name: str, bw: float | None) -
 
 def measure_bandwidth(cpus: list[int], log: Path) -> dict | None:
     cmd = [sys.executable, "-m", "omni_ray.bench.speed_of_light", "--cpus",
-           ",".join(map(str, cpus))]
+           ",".join(map(str, cpus)), "--regimes"]
     env = os.environ | {"OMP_NUM_THREADS": str(len(cpus))}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     log.write_text(done.stderr)
@@ -555,6 +563,14 @@ def _pct(v) -> str:
     return "-" if v is None else f"{v * 100:.0f} %"
 
 
+def _sol_cell(row: dict) -> str:
+    """``"87 % of cache probe (8 MiB buffer), cache-resident"``; the regime is always named."""
+    if not row or row.get("fraction") is None:
+        return "-"
+    text = row.get("fraction_text") or _pct(row["fraction"])
+    return f"{text} of {row.get('bandwidth_probe')}, {row.get('regime') or 'no regime'}"
+
+
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -594,7 +610,7 @@ def readme(result: dict, json_name: str) -> str:
             f"{_fmt(row.get('prefill128_tok_s'), 0)} | {_fmt(row.get('prefill512_tok_s'), 0)} | "
             f"{_fmt(row.get('rss_anon_tree_mb'), 0)} | "
             f"{_fmt(row.get('peak_rss_anon_during_load_mb'), 0)} | "
-            f"{_pct(sol['engines'].get(name, {}).get('fraction'))} |")
+            f"{_sol_cell(sol['engines'].get(name, {}))} |")
     lines += _noisy_lines(result)
     lines += ["", "Ratios (int4 over the peer):", "",
               "| int4 mode | decode vs vLLM bf16 | (at p512) | decode vs llama.cpp Q4_0 | "
@@ -637,7 +653,12 @@ def readme(result: dict, json_name: str) -> str:
               f"{_fmt(bw.get('copy_gb_s'), 2)}); weight bytes per token: "
               + ", ".join(f"{k} {v['total'] / 1e6:.0f} MB" for k, v in
                           sol["bytes_per_token"].items())
-              + ". Fraction = decode tok/s x bytes per token / bandwidth (KV reads ignored)."]
+              + ". Fraction = decode tok/s x bytes per token / bandwidth (KV reads ignored), "
+              "against the probe of the figure's regime: "
+              + (", ".join(f"{k} {_fmt(v.get('ceiling_gb_s'), 2)} GB/s over "
+                           f"{(v.get('size_bytes') or 0) / 2**20:g} MiB"
+                           for k, v in (sol.get("probes") or {}).items()) or "-")
+              + f" (LLC {_fmt((sol.get('llc_bytes') or 0) / 2**20, 0)} MiB from sysfs)."]
     prof = result.get("decode_profile")
     if prof and prof.get("status") == "ok":
         s = dict(prof["per_step_ms"])
