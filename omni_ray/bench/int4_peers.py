@@ -198,16 +198,26 @@ def run_vllm_arm(arm: dict, cpus: list[int], node: int | None, work: Path, name:
 
 
 def run_llama_arm(arm: dict, cpus: list[int], timeout_s: float) -> dict:
-    """Prefill tests from an empty cache, then decode tests at each of ``LLAMA_DEPTHS``."""
-    common = {"threads": len(cpus), "repetitions": 3, "cpus": cpus, "timeout": timeout_s}
+    """Prefill tests from an empty cache, then decode tests at each of ``LLAMA_DEPTHS``, each
+    test with every setting llama.cpp's users tune (``-fa on/off``, the slot's thread counts):
+    its figure is the fastest, and ``<figure>_setting`` says which setting that was."""
+    common = {"repetitions": 3, "cpus": cpus, "timeout": timeout_s}
     try:
-        records = (llamacpp.bench(arm["gguf"], n_prompt=PROMPT_LENS, n_gen=0, **common)
-                   + llamacpp.bench(arm["gguf"], n_prompt=(0,), n_gen=OUTPUT_LEN,
-                                    n_depth=LLAMA_DEPTHS, **common))
+        records = (llamacpp.bench_best(arm["gguf"], n_prompt=PROMPT_LENS, n_gen=0, **common)
+                   + llamacpp.bench_best(arm["gguf"], n_prompt=(0,), n_gen=OUTPUT_LEN,
+                                         n_depth=LLAMA_DEPTHS, **common))
     except UserError as exc:
         return {"status": "failed", "error": str(exc)}
-    return {"status": "ok", "measurements": {llama_key(r): r["avg_ts"] for r in records},
-            "records": records}
+    return {"status": "ok", "measurements": llama_measurements(records), "records": records}
+
+
+def llama_measurements(best: list[dict]) -> dict:
+    """``{"tg64_d128_tok_s": 31.0, "tg64_d128_tok_s_setting": "-fa on -t 2", ...}``."""
+    out: dict = {}
+    for r in best:
+        out[llama_key(r)] = r["avg_ts"]
+        out[llama_key(r) + "_setting"] = r.get("setting_label")
+    return out
 
 
 def llama_key(record: dict) -> str:
@@ -249,6 +259,9 @@ def summarize(records: list[dict]) -> dict:
             vals = [m.get(k) for m in ms]
             out[arm_id][k] = _median(vals)
             out[arm_id][k + "_spread_pct"] = _spread_pct(vals)
+        for k in (k for k in ms[0] if k.endswith("_setting")):
+            # the setting that won each pass (a peer's best; they may differ between passes)
+            out[arm_id][k] = [m.get(k) for m in ms]
     return out
 
 
@@ -281,7 +294,9 @@ def engine_table(summary: dict) -> dict:
             "decode_spread_pct": s.get(f"{tg}_d{p128}_tok_s_spread_pct"),
             "decode_tok_s_at_p512": s.get(f"{tg}_d{p512}_tok_s"),
             "decode_tok_s_at_depth0": s.get(f"{tg}_tok_s"),
-            "prefill128_tok_s": s.get("pp128_tok_s"), "prefill512_tok_s": s.get("pp512_tok_s")}
+            "prefill128_tok_s": s.get("pp128_tok_s"), "prefill512_tok_s": s.get("pp512_tok_s"),
+            "decode_setting": s.get(f"{tg}_d{p128}_tok_s_setting"),
+            "decode_setting_at_p512": s.get(f"{tg}_d{p512}_tok_s_setting")}
     return rows
 
 
@@ -514,7 +529,10 @@ def run(args: argparse.Namespace) -> Path:
                      "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "n_depth": LLAMA_DEPTHS,
-                     "repetitions": 3}},
+                     "repetitions": 3, "tuned": {
+                         "flash_attn": list(llamacpp.TUNED_FLASH_ATTN),
+                         "threads": list(llamacpp.thread_candidates(len(cpus))),
+                         "rule": "each test's figure is its fastest setting"}}},
         "artifacts": art, "arms": arms,
         "bandwidth": {"runs": bandwidth, "best": bw_best},
         "engines": rows, "ratios": ratios(rows), "ratios_by_pass": ratios_by_pass(records),
@@ -561,6 +579,10 @@ def _x(v) -> str:
 
 def _pct(v) -> str:
     return "-" if v is None else f"{v * 100:.0f} %"
+
+
+def _distinct(values: list) -> list[str]:
+    return list(dict.fromkeys(str(v) for v in values if v))
 
 
 def _sol_cell(row: dict) -> str:
@@ -612,6 +634,12 @@ def readme(result: dict, json_name: str) -> str:
             f"{_fmt(row.get('peak_rss_anon_during_load_mb'), 0)} | "
             f"{_sol_cell(sol['engines'].get(name, {}))} |")
     lines += _noisy_lines(result)
+    for name, row in rows.items():
+        if row.get("decode_setting"):
+            lines.append(f"- {name}: best of `-fa on/off` x threads per test; decode at depth "
+                         f"128 won with `{', '.join(_distinct(row['decode_setting']))}`, at 512 "
+                         f"with `{', '.join(_distinct(row.get('decode_setting_at_p512') or []))}`"
+                         " (per pass)")
     lines += ["", "Ratios (int4 over the peer):", "",
               "| int4 mode | decode vs vLLM bf16 | (at p512) | decode vs llama.cpp Q4_0 | "
               "(at p512) | (Q4_0 at depth 0) | prefill128 vs vLLM bf16 | prefill512 vs vLLM bf16 | "
