@@ -49,6 +49,7 @@ from omni_ray.peers import llamacpp
 from omni_ray.results.provenance import collect
 from omni_ray.results.record import make_record
 from omni_ray.results.store import write_json_atomic, write_text_atomic
+from omni_ray.results.summary import hardware
 
 SCHEMA_VERSION = 1
 KIND = "int4_peers"
@@ -520,7 +521,8 @@ def run(args: argparse.Namespace) -> Path:
         "schema_version": SCHEMA_VERSION, "kind": KIND, "shape": args.shape,
         "command": command, "cpus": cpus, "node": node, "passes_run": len(pass_walls),
         "passes_requested": args.passes, "wall_s": time.monotonic() - t_start,
-        "provenance": provenance, "load_before": before, "load_after": after,
+        "provenance": provenance, "hardware": hardware(provenance),
+        "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
         "settings": {"stage": STAGE, "stage_env": args.stage_env,
@@ -604,8 +606,8 @@ def readme(result: dict, json_name: str) -> str:
         "# int4 vs peers: decode, prefill, memory (issue #3)", "",
         f"Result: `{json_name}` (shape `{result['shape']}`, CPUs {result['cpus']}, batch 1, "
         f"{result['passes_run']} pass(es), git {str(prov['git'].get('sha'))[:12]}"
-        f"{' dirty' if prov['git'].get('dirty') else ''}, "
-        f"{(prov.get('cpu') or {}).get('brand')}).", "",
+        f"{' dirty' if prov['git'].get('dirty') else ''}).", "",
+        f"CPU: {hardware(prov)}.", "",
         "Command:", "", "```",
         ".venv/bin/python -m omni_ray.bench.int4_peers " + " ".join(result["command"][3:]),
         "```", "",

@@ -186,7 +186,8 @@ _FLAG_ALIASES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
 
 
 def hardware(provenance: dict | None) -> str | None:
-    """``"AMD EPYC ...; ISA avx512_bf16 avx512_vnni avx512f; LLC 32 MiB L3 x1 (CPUs 0-1)"``
+    """``"AMD EPYC (family 26 model 2); ISA avx512_bf16 avx512_vnni avx512f; LLC 32 MiB L3 x1
+    (CPUs 0-1)"``
     from a record's provenance (its ``cpu`` and ``llc``); None when it has neither."""
     from omni_ray.topology.machine import ISA_FLAGS
 
@@ -202,7 +203,10 @@ def hardware(provenance: dict | None) -> str | None:
                     f"(CPUs {'; '.join(llc['instances'][:4])})")
     else:
         llc_text = "unknown"
-    return f"{cpu.get('brand') or 'unknown CPU'}; ISA {isa}; LLC {llc_text}"
+    name = cpu.get("brand") or "unknown CPU"
+    if cpu.get("family") is not None:  # a VM may show only "AMD EPYC": the family tells which
+        name += f" (family {cpu['family']} model {cpu.get('model')})"
+    return f"{name}; ISA {isa}; LLC {llc_text}"
 
 
 def _stat(d: dict) -> Stat:

@@ -88,6 +88,8 @@ def test_save_and_exit_keeps_the_result_and_its_command_before_exiting(tmp_path,
     assert saved["kind"] == "decode_pairs" and saved["pairs"] == 3
     assert saved["command"].endswith("-m omni_ray.bench.decode_pairs --pairs 3")
     assert capsys.readouterr().out.strip() == f"ratio 0.9  -> {path}"
+    # the CPU every figure ran on, in one line: model; ISA; LLC (from sysfs)
+    assert saved["hardware"].count("; ") == 2 and "; LLC " in saved["hardware"]
 
 
 def test_the_peer_is_tuned_once_and_every_pair_uses_the_winner(monkeypatch, tmp_path):

@@ -171,6 +171,7 @@ def test_speed_of_light_and_readme_render():
     assert "| llamacpp-Q4_0 | 30.0 | - | 33.0 |" in text
     assert "int4_compiled decode vs llama.cpp Q4_0 by pass: 1.05x (pass 1), 0.86x (pass 2)" in text
     assert "--shape qwen2.5-0.5b" in text
+    assert "CPU: x; ISA no AVX-512/AMX; LLC unknown." in text
 
 
 def test_parser_defaults():

@@ -20,6 +20,8 @@ def test_hardware_names_model_isa_and_llc():
     assert hardware({}) is None
     assert hardware({"cpu": {"brand": "Old", "flags": ["sse2"]}}) == (
         "Old; ISA no AVX-512/AMX; LLC unknown")
+    assert hardware({"cpu": {"brand": "AMD EPYC", "family": 26, "model": 2}}).startswith(
+        "AMD EPYC (family 26 model 2); ")
 
 
 def test_each_arm_carries_its_regime_and_the_markdown_names_them():
