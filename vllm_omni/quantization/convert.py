@@ -204,6 +204,22 @@ def _row_elems(spec: TensorSpec) -> int:
     return n
 
 
+def _write_shards(tmp: Path, names: list[str], shards: list[list[TensorSpec]], pieces) -> None:
+    for fname, specs in zip(names, shards):
+        writer = ShardWriter(tmp / fname, specs, _METADATA)
+        try:
+            for _ in specs:
+                name, piece_iter = next(pieces)
+                for piece in piece_iter:
+                    writer.write(name, piece)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+    if len(names) > 1:
+        (tmp / INDEX).write_text(index_json(shards, names))
+
+
 def _tied_head_names(names, tie: bool) -> set[str]:
     return {n for n in names if tie and n.rsplit(".", 2)[-2:-1] == ["lm_head"]}
 
@@ -268,20 +284,11 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     except OSError as exc:
         raise OmniInputError(f"{dst}: cannot write the checkpoint there: {exc.strerror}") from None
 
-    pieces = _pieces(stored, qset, group_size)
-    for fname, specs in zip(names, shards):
-        writer = ShardWriter(tmp / fname, specs, _METADATA)
-        try:
-            for _ in specs:
-                name, piece_iter = next(pieces)
-                for piece in piece_iter:
-                    writer.write(name, piece)
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
-    if len(names) > 1:
-        (tmp / INDEX).write_text(index_json(shards, names))
+    try:
+        _write_shards(tmp, names, shards, _pieces(stored, qset, group_size))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     hf_config["quantization_config"] = cfg.to_dict()
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

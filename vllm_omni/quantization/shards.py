@@ -112,7 +112,8 @@ class ShardWriter:
         self._hash.update(data)
 
     def write(self, name: str, piece: torch.Tensor) -> None:
-        while self._i < len(self._specs) and self._done == self._specs[self._i].nbytes:
+        while (self._i < len(self._specs) and self._done == self._specs[self._i].nbytes
+               and self._specs[self._i].name != name):  # the previous tensor is complete
             self._i, self._done = self._i + 1, 0
         if self._i == len(self._specs):
             raise ValueError(f"{self.path}: {name}: every declared tensor is already written")
