@@ -40,6 +40,7 @@ BLOCK_ELEMS = 1 << 16
 SHARD_BYTES = 2 << 30
 # Disk kept aside for the tokenizer, config and stamp files besides the weights.
 SMALL_FILES_BYTES = 64 << 20
+_METADATA = {"format": "pt"}  # safetensors metadata, as save_file(..., metadata=) wrote it
 
 
 def get_shape(name: str) -> Shape:
@@ -114,8 +115,6 @@ def bytes_needed(shape: Shape, tie: bool) -> int:
     _, shards = _shard_plan(shape, tie)
     return sum(file_bytes(s, _METADATA) for s in shards) + SMALL_FILES_BYTES
 
-
-_METADATA = {"format": "pt"}
 
 
 def _hf_config(shape: Shape, tie: bool) -> dict:

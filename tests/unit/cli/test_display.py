@@ -23,3 +23,12 @@ def test_a_failed_arm_says_why():
     p.start(1, 0, None)
     p.record(task(), {"status": "timeout", "slot": None, "error": "no result within 5 s"})
     assert "TIMEOUT: no result within 5 s" in out.getvalue() and "1 failed" in out.getvalue()
+
+
+def test_a_decode_figure_says_its_regime():
+    out = io.StringIO()
+    p = Progress(out, enabled=True)
+    p.start(1, 0, None)
+    p.record(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 812.34, "decode_regime": "cache-resident", "rss_anon_tree_mb": 478.2}})
+    assert "decode 812.3 tok/s (cache-resident), rss 478 MiB" in out.getvalue()
