@@ -693,7 +693,8 @@ def best_settings(records: Sequence[dict]) -> list[dict]:
     return out
 
 
-def bench_best(gguf: str | os.PathLike, *, cpus: Sequence[int], threads: Sequence[int] | None = None,
+def bench_best(gguf: str | os.PathLike, *, cpus: Sequence[int],
+               threads: Sequence[int] | None = None,
                flash_attn: Sequence[str] = TUNED_FLASH_ATTN, **kwargs) -> list[dict]:
     """``bench`` over the settings users tune (``flash_attn`` x ``threads``, default
     ``thread_candidates(len(cpus))``) in one llama-bench run; the best record per test."""

@@ -78,7 +78,9 @@ def plan_shards(specs: list[TensorSpec], shard_bytes: int) -> list[list[TensorSp
 
 def shard_names(n: int) -> list[str]:
     """Hugging Face's file names: ``model.safetensors`` alone, else ``model-0000i-of-0000n``."""
-    return [SINGLE] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    if n == 1:
+        return [SINGLE]
+    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
 
 
 def index_json(shards: list[list[TensorSpec]], names: list[str]) -> str:

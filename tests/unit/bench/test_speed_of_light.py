@@ -39,7 +39,8 @@ def test_without_the_regime_s_probe_there_is_no_bound():
 def test_over_100_percent_always_says_why():
     assert percent_text(0.5) == "50 %"
     assert percent_text(None) == "-"
-    over = [percent_text(1.2, DRAM_BOUND, 40 * MiB, LLC), percent_text(1.2, DRAM_BOUND, 800 * MiB, LLC),
+    over = [percent_text(1.2, DRAM_BOUND, 40 * MiB, LLC),
+            percent_text(1.2, DRAM_BOUND, 800 * MiB, LLC),
             percent_text(1.2, CACHE_RESIDENT, MiB, LLC), percent_text(1.2)]
     assert all(t.startswith("120 % (over 100 %: ") for t in over), over
     assert "1.2x the LLC" in over[0]
