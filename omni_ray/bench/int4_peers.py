@@ -591,8 +591,10 @@ def _sol_cell(row: dict) -> str:
     """``"87 % of cache probe (8 MiB buffer), cache-resident"``; the regime is always named."""
     if not row or row.get("fraction") is None:
         return "-"
+    if not row.get("bandwidth_probe"):  # a result from before regimes: its one ceiling
+        return _pct(row["fraction"])
     text = row.get("fraction_text") or _pct(row["fraction"])
-    return f"{text} of {row.get('bandwidth_probe')}, {row.get('regime') or 'no regime'}"
+    return f"{text} of {row['bandwidth_probe']}, {row.get('regime') or 'no regime'}"
 
 
 def _log(msg: str) -> None:
