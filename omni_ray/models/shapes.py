@@ -71,6 +71,7 @@ class Shape:
 # the ids above it exist only in the model, as Qwen2.5's own 271 padding rows do, which vLLM
 # accepts (it checks prompt ids against the larger of the two) and llama.cpp's converter pads.
 LOCAL_VOCAB = 32000
+FULL_VOCAB_SUFFIX = "-full-vocab"
 _QWEN = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6)
 PUBLISHED: dict[str, Shape] = {
     s.name: s
@@ -97,8 +98,6 @@ def _variants(published: Shape) -> tuple[Shape, Shape]:
             dataclasses.replace(published, name=published.name + FULL_VOCAB_SUFFIX,
                                 tokenizer_vocab_size=LOCAL_VOCAB))
 
-
-FULL_VOCAB_SUFFIX = "-full-vocab"
 
 SHAPES: dict[str, Shape] = {
     s.name: s
