@@ -427,6 +427,31 @@ def _tmp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
+# Bytes per weight the converter writes for each outtype ("auto" is a 16-bit type for a bf16 or
+# fp16 source; q8_0 is 32 int8 weights and an fp16 scale a block).
+_OUTTYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "auto": 2.0, "q8_0": 34 / 32}
+GGUF_SLACK_BYTES = 64 << 20  # vocabulary, metadata, alignment
+
+
+def gguf_bytes_needed(hf_dir: Path, outtype: str) -> int:
+    """Disk the GGUF of ``hf_dir`` takes: its weights' elements at the outtype's bytes, plus
+    ``GGUF_SLACK_BYTES`` (1-D tensors, which the converter keeps in f32, are a rounding error)."""
+    from vllm_omni.quantization.shards import read_header
+
+    elements = 0
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        for t in read_header(f):
+            n = 1
+            for d in t.spec.shape:
+                n *= d
+            elements += n
+    return int(elements * _OUTTYPE_BYTES[outtype]) + GGUF_SLACK_BYTES
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
 def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str = "bf16", *,
             pre_tokenizer: str | None = DEFAULT_PRE_TOKENIZER,
             cache_dir: Path | None = None) -> Path:
@@ -434,7 +459,8 @@ def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str
 
     ``pre_tokenizer`` is used only if llama.cpp does not recognize the tokenizer (None: no
     override, the converter's own error stands). Needs only the source, not the build. The file
-    appears at ``out_gguf`` only when the conversion succeeded.
+    appears at ``out_gguf`` only when the conversion succeeded; a disk without room for it
+    (``gguf_bytes_needed``) is refused before anything runs.
     """
     hf_dir, out_gguf = Path(hf_dir), Path(out_gguf)
     if outtype not in CONVERT_OUTTYPES:
@@ -443,9 +469,13 @@ def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"llama.cpp convert: {hf_dir} is not a Hugging Face model directory "
                         "(no config.json)")
+    out_gguf.parent.mkdir(parents=True, exist_ok=True)
+    need, free = gguf_bytes_needed(hf_dir, outtype), _free_bytes(out_gguf.parent)
+    if need > free:
+        raise UserError(f"llama.cpp convert: not enough disk space for {out_gguf}: needs {need} "
+                        f"bytes ({need / 1e9:.2f} GB), {free} bytes ({free / 1e9:.2f} GB) free")
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     src = ensure_source(cache_dir)
-    out_gguf.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_path(out_gguf)
     log = _work_dir(cache_dir) / "logs" / f"convert-{out_gguf.stem}.log"
     try:

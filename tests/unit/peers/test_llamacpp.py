@@ -419,3 +419,22 @@ def test_bench_command_tries_settings_in_one_run():
     assert thread_candidates(1) == (1,) and thread_candidates(8) == (4, 8)
     with pytest.raises(UserError, match=r"flash_attn must be among on, off, auto, got \['yes'\]"):
         bench_command("llama-bench", "x.gguf", threads=2, flash_attn=("yes",))
+
+
+def test_convert_refuses_a_disk_without_room_in_one_line(tmp_path, monkeypatch, no_subprocess):
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1000, 1000, dtype=torch.bfloat16)},
+              str(tmp_path / "m" / "model.safetensors"))
+    assert llamacpp.gguf_bytes_needed(tmp_path / "m", "bf16") == 2_000_000 + (64 << 20)
+    assert llamacpp.gguf_bytes_needed(tmp_path / "m", "f32") == 4_000_000 + (64 << 20)
+    monkeypatch.setattr(llamacpp, "_free_bytes", lambda path: 1000)
+    need = 2_000_000 + (64 << 20)
+    with pytest.raises(UserError, match=rf"^llama.cpp convert: not enough disk space for "
+                                        rf"\S+/o.gguf: needs {need} bytes \(0\.07 GB\), "
+                                        r"1000 bytes \(0\.00 GB\) free$"):
+        llamacpp.convert(tmp_path / "m", tmp_path / "o.gguf", cache_dir=tmp_path)
+    assert not (tmp_path / "o.gguf").exists()
