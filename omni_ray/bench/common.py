@@ -50,9 +50,14 @@ def pairwise(a: list[float], b: list[float]) -> tuple[list[float], float, int]:
 
 
 def save(out_dir: str | os.PathLike, kind: str, body: dict, command: list[str]) -> Path:
+    from omni_ray.results.summary import hardware
+
     path = Path(out_dir) / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    provenance = collect()
     write_json_atomic(path, {"kind": kind, "command": " ".join(command), **body,
-                             "load_average_after": os.getloadavg(), "provenance": collect()})
+                             "load_average_after": os.getloadavg(), "provenance": provenance,
+                             # CPU model, ISA and LLC in one line: what every figure ran on
+                             "hardware": hardware(provenance)})
     return path
 
 

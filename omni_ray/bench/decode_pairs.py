@@ -67,16 +67,54 @@ def summarize(tok_s: dict[str, list[float]], engine_cpu: list[float],
             "pairs_engine_busy_during_peer": busy}
 
 
-def peer_tok_s(gguf: Path, cpus: list[int], depth: int, output_len: int,
-               repetitions: int) -> float:
-    """llama-bench's decode tok/s: ``output_len`` tokens after ``depth`` in its KV cache."""
+def tune_peer(gguf: Path, cpus: list[int], depth: int, output_len: int,
+              repetitions: int) -> dict:
+    """llama.cpp at its best for this decode: every setting its users tune (``-fa on/off``, the
+    slot's thread counts) in one llama-bench run; the fastest record, with what it tried."""
     from omni_ray.peers import llamacpp
 
-    recs = llamacpp.bench(gguf, threads=len(cpus), n_prompt=(0,), n_gen=output_len,
-                          n_depth=(depth,), repetitions=repetitions, cpus=cpus, timeout=600)
+    best = llamacpp.bench_best(gguf, cpus=cpus, n_prompt=(0,), n_gen=output_len,
+                               n_depth=(depth,), repetitions=repetitions, timeout=1200)
+    if len(best) != 1:
+        raise RuntimeError(f"llama-bench returned {len(best)} tests, expected 1: {best}")
+    return best[0]
+
+
+def peer_tok_s(gguf: Path, cpus: list[int], depth: int, output_len: int,
+               repetitions: int, setting: dict | None = None) -> float:
+    """llama-bench's decode tok/s: ``output_len`` tokens after ``depth`` in its KV cache, with
+    ``setting`` (``tune_peer``'s winner; None: llama-bench's defaults, all the slot's CPUs)."""
+    from omni_ray.peers import llamacpp
+
+    setting = setting or {}
+    recs = llamacpp.bench(gguf, threads=setting.get("threads") or len(cpus), n_prompt=(0,),
+                          n_gen=output_len, n_depth=(depth,), repetitions=repetitions,
+                          cpus=cpus, timeout=600,
+                          flash_attn=(setting["flash_attn"],) if setting.get("flash_attn") else ())
     if len(recs) != 1:
         raise RuntimeError(f"llama-bench returned {len(recs)} tests, expected 1: {recs}")
     return recs[0]["avg_ts"]
+
+
+def llamacpp_label(setting: dict) -> str:
+    from omni_ray.peers.llamacpp import setting_label
+
+    return setting_label(setting)
+
+
+def vllm_regime(model: Path | str, cpus: list[int]) -> dict:
+    from omni_ray.engine.runner import decode_regime
+
+    return decode_regime(str(model), cpus)
+
+
+def gguf_regime(gguf: Path, cpus: list[int]) -> dict:
+    """A GGUF's every tensor is read once a token (a tied token_embd is the output head)."""
+    from omni_ray.measure.regime import describe
+    from omni_ray.topology.caches import detect_llc
+
+    llc = detect_llc()
+    return describe(Path(gguf).stat().st_size, llc.bytes_for(cpus) if llc else None)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -108,11 +146,17 @@ def run(args: argparse.Namespace) -> dict:
 
     cpu_during_peer: list[float] = []
     peer_wall: list[float] = []
+    time.sleep(args.gap)  # the engine's OpenMP threads stop spinning
+    tuned = tune_peer(gguf, cpus, args.depth, args.output_len, args.peer_repetitions)
+    print(f"llama.cpp tuned: {tuned['setting_label']} was fastest of "
+          + ", ".join(f"{llamacpp_label(t['setting'])} {t['avg_ts']:.1f}" for t in tuned["tried"])
+          + " tok/s", flush=True)
 
     def peer_side() -> float:
         time.sleep(args.gap)  # the engine's OpenMP threads stop spinning
         c0, w0 = engine_cpu_s(), time.monotonic()
-        tok_s = peer_tok_s(gguf, cpus, args.depth, args.output_len, args.peer_repetitions)
+        tok_s = peer_tok_s(gguf, cpus, args.depth, args.output_len, args.peer_repetitions,
+                           tuned["setting"])
         cpu_during_peer.append(engine_cpu_s() - c0)
         peer_wall.append(time.monotonic() - w0)
         return tok_s
@@ -136,6 +180,8 @@ def run(args: argparse.Namespace) -> dict:
             "peer_repetitions": args.peer_repetitions, "gap_s": args.gap,
             "tok_s": tok_s, "engine_cpu_s_during_peer": cpu_during_peer,
             "peer_wall_s": peer_wall,
+            "peer_setting": tuned["setting"], "peer_settings_tried": tuned["tried"],
+            "decode_regime": {VLLM: vllm_regime(model, cpus), PEER: gguf_regime(gguf, cpus)},
             **summarize(tok_s, cpu_during_peer, peer_wall),
             "patch_report": vllm_omni.patch_report(), "kernels": vllm_omni.kernel_report()}
 
@@ -193,9 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(force_isa(args.isa))
     body = dict(run(args), isa=args.isa)
     med = body["median_tok_s"]
+    regime = body["decode_regime"]
     save_and_exit(args.out, "decode_pairs", body, __spec__.name, argv,
-                  f"decode at depth {body['depth']}: vLLM cpu_int4 {med[VLLM]:.1f} tok/s, "
-                  f"llama.cpp Q4_0 {med[PEER]:.1f} tok/s; pairwise ratio median "
+                  f"decode at depth {body['depth']}: vLLM cpu_int4 {med[VLLM]:.1f} tok/s "
+                  f"({regime[VLLM]['decode_regime']}), llama.cpp Q4_0 {med[PEER]:.1f} tok/s "
+                  f"({regime[PEER]['decode_regime']}, best setting "
+                  f"{llamacpp_label(body['peer_setting'])}); pairwise ratio median "
                   f"{body['pairwise_ratio_median']:.3f} ({body['pairs_vllm_faster']}/"
                   f"{body['pairs']} pairs vLLM faster; engine busy during the peer in "
                   f"{len(body['pairs_engine_busy_during_peer'])} pairs)")

@@ -50,6 +50,7 @@ from omni_ray.peers import llamacpp
 from omni_ray.results.provenance import collect
 from omni_ray.results.record import make_record
 from omni_ray.results.store import write_json_atomic, write_text_atomic
+from omni_ray.results.summary import hardware
 
 SCHEMA_VERSION = 1
 KIND = "int4_peers"
@@ -199,16 +200,26 @@ def run_vllm_arm(arm: dict, cpus: list[int], node: int | None, work: Path, name:
 
 
 def run_llama_arm(arm: dict, cpus: list[int], timeout_s: float) -> dict:
-    """Prefill tests from an empty cache, then decode tests at each of ``LLAMA_DEPTHS``."""
-    common = {"threads": len(cpus), "repetitions": 3, "cpus": cpus, "timeout": timeout_s}
+    """Prefill tests from an empty cache, then decode tests at each of ``LLAMA_DEPTHS``, each
+    test with every setting llama.cpp's users tune (``-fa on/off``, the slot's thread counts):
+    its figure is the fastest, and ``<figure>_setting`` says which setting that was."""
+    common = {"repetitions": 3, "cpus": cpus, "timeout": timeout_s}
     try:
-        records = (llamacpp.bench(arm["gguf"], n_prompt=PROMPT_LENS, n_gen=0, **common)
-                   + llamacpp.bench(arm["gguf"], n_prompt=(0,), n_gen=OUTPUT_LEN,
-                                    n_depth=LLAMA_DEPTHS, **common))
+        records = (llamacpp.bench_best(arm["gguf"], n_prompt=PROMPT_LENS, n_gen=0, **common)
+                   + llamacpp.bench_best(arm["gguf"], n_prompt=(0,), n_gen=OUTPUT_LEN,
+                                         n_depth=LLAMA_DEPTHS, **common))
     except UserError as exc:
         return {"status": "failed", "error": str(exc)}
-    return {"status": "ok", "measurements": {llama_key(r): r["avg_ts"] for r in records},
-            "records": records}
+    return {"status": "ok", "measurements": llama_measurements(records), "records": records}
+
+
+def llama_measurements(best: list[dict]) -> dict:
+    """``{"tg64_d128_tok_s": 31.0, "tg64_d128_tok_s_setting": "-fa on -t 2", ...}``."""
+    out: dict = {}
+    for r in best:
+        out[llama_key(r)] = r["avg_ts"]
+        out[llama_key(r) + "_setting"] = r.get("setting_label")
+    return out
 
 
 def llama_key(record: dict) -> str:
@@ -250,6 +261,9 @@ def summarize(records: list[dict]) -> dict:
             vals = [m.get(k) for m in ms]
             out[arm_id][k] = _median(vals)
             out[arm_id][k + "_spread_pct"] = _spread_pct(vals)
+        for k in (k for k in ms[0] if k.endswith("_setting")):
+            # the setting that won each pass (a peer's best; they may differ between passes)
+            out[arm_id][k] = [m.get(k) for m in ms]
     return out
 
 
@@ -282,7 +296,9 @@ def engine_table(summary: dict) -> dict:
             "decode_spread_pct": s.get(f"{tg}_d{p128}_tok_s_spread_pct"),
             "decode_tok_s_at_p512": s.get(f"{tg}_d{p512}_tok_s"),
             "decode_tok_s_at_depth0": s.get(f"{tg}_tok_s"),
-            "prefill128_tok_s": s.get("pp128_tok_s"), "prefill512_tok_s": s.get("pp512_tok_s")}
+            "prefill128_tok_s": s.get("pp128_tok_s"), "prefill512_tok_s": s.get("pp512_tok_s"),
+            "decode_setting": s.get(f"{tg}_d{p128}_tok_s_setting"),
+            "decode_setting_at_p512": s.get(f"{tg}_d{p512}_tok_s_setting")}
     return rows
 
 
@@ -348,7 +364,13 @@ def ratios_by_pass(records: list[dict]) -> dict[str, dict[int, float | None]]:
 
 
 def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | None) -> dict:
-    from omni_ray.bench.speed_of_light import bytes_per_token, fraction
+    """Each engine's decode against the bound of its regime (``speed_of_light.regime_bound``).
+
+    ``bandwidth``: a ``speed_of_light --regimes`` result (its ``regimes`` probes and ``llc``);
+    an older one without them gives no regime, and fractions against its one DRAM-sized probe.
+    """
+    from omni_ray.bench.speed_of_light import bytes_per_token, regime_bound
+    from omni_ray.measure.regime import DRAM_BOUND
 
     shape = get_shape(shape_name)
     bpt = {"vllm-bf16": bytes_per_token(shape, "bf16"),
@@ -356,16 +378,18 @@ def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | Non
     for qtype in LLAMA_TYPES:
         # every tensor of the GGUF is read once a token (a tied token_embd is the output head)
         bpt[f"llamacpp-{qtype}"] = {"total": art["gguf"][qtype]["bytes"]}
-    bw = (bandwidth or {}).get("ceiling_gb_s")
-    out = {"bandwidth_gb_s": bw, "bytes_per_token": bpt, "engines": {}}
+    bandwidth = bandwidth or {}
+    probes = bandwidth.get("regimes") or ({DRAM_BOUND: bandwidth} if bandwidth else {})
+    llc_bytes = (bandwidth.get("llc") or {}).get("bytes_for_cpus")
+    bw = bandwidth.get("ceiling_gb_s")
+    out = {"bandwidth_gb_s": bw, "llc_bytes": llc_bytes, "bytes_per_token": bpt,
+           "probes": {k: {"size_bytes": v.get("size_bytes"), "ceiling_gb_s": v.get("ceiling_gb_s")}
+                      for k, v in probes.items()},
+           "engines": {}}
     for name, row in rows.items():
         key = name if name.startswith("llamacpp") else name.rsplit("-", 1)[0]
-        b = bpt[key]["total"]
-        tok_s = row.get("decode_tok_s")
-        out["engines"][name] = {
-            "bytes_per_token": b, "bound_tok_s": bw * 1e9 / b if bw else None,
-            "decode_tok_s": tok_s, "fraction": fraction(tok_s, b, bw) if bw else None,
-            "achieved_gb_s": tok_s * b / 1e9 if tok_s else None}
+        out["engines"][name] = regime_bound(row.get("decode_tok_s"), bpt[key]["total"],
+                                            llc_bytes, probes)
     return out
 
 
@@ -391,7 +415,7 @@ def profile_bandwidth(profile: dict | None, shape_name: str, bw: float | None) -
 
 def measure_bandwidth(cpus: list[int], log: Path) -> dict | None:
     cmd = [sys.executable, "-m", "omni_ray.bench.speed_of_light", "--cpus",
-           ",".join(map(str, cpus))]
+           ",".join(map(str, cpus)), "--regimes"]
     env = os.environ | {"OMP_NUM_THREADS": str(len(cpus))}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     log.write_text(done.stderr)
@@ -498,7 +522,8 @@ def run(args: argparse.Namespace) -> Path:
         "schema_version": SCHEMA_VERSION, "kind": KIND, "shape": args.shape,
         "command": command, "cpus": cpus, "node": node, "passes_run": len(pass_walls),
         "passes_requested": args.passes, "wall_s": time.monotonic() - t_start,
-        "provenance": provenance, "load_before": before, "load_after": after,
+        "provenance": provenance, "hardware": hardware(provenance),
+        "load_before": before, "load_after": after,
         "note": "other processes may have shared the cores; compare only ratios taken side "
                 "by side in this one run",
         "settings": {"stage": STAGE, "stage_env": args.stage_env, "isa": args.isa,
@@ -507,7 +532,10 @@ def run(args: argparse.Namespace) -> Path:
                      "prompt_lens": PROMPT_LENS,
                      "group_size": GROUP_SIZE, "llama_bench": {"threads": len(cpus),
                      "n_prompt": PROMPT_LENS, "n_gen": OUTPUT_LEN, "n_depth": LLAMA_DEPTHS,
-                     "repetitions": 3}},
+                     "repetitions": 3, "tuned": {
+                         "flash_attn": list(llamacpp.TUNED_FLASH_ATTN),
+                         "threads": list(llamacpp.thread_candidates(len(cpus))),
+                         "rule": "each test's figure is its fastest setting"}}},
         "artifacts": art, "arms": arms,
         "bandwidth": {"runs": bandwidth, "best": bw_best},
         "engines": rows, "ratios": ratios(rows), "ratios_by_pass": ratios_by_pass(records),
@@ -556,6 +584,20 @@ def _pct(v) -> str:
     return "-" if v is None else f"{v * 100:.0f} %"
 
 
+def _distinct(values: list) -> list[str]:
+    return list(dict.fromkeys(str(v) for v in values if v))
+
+
+def _sol_cell(row: dict) -> str:
+    """``"87 % of cache probe (8 MiB buffer), cache-resident"``; the regime is always named."""
+    if not row or row.get("fraction") is None:
+        return "-"
+    if not row.get("bandwidth_probe"):  # a result from before regimes: its one ceiling
+        return _pct(row["fraction"])
+    text = row.get("fraction_text") or _pct(row["fraction"])
+    return f"{text} of {row['bandwidth_probe']}, {row.get('regime') or 'no regime'}"
+
+
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -567,8 +609,8 @@ def readme(result: dict, json_name: str) -> str:
         "# int4 vs peers: decode, prefill, memory (issue #3)", "",
         f"Result: `{json_name}` (shape `{result['shape']}`, CPUs {result['cpus']}, batch 1, "
         f"{result['passes_run']} pass(es), git {str(prov['git'].get('sha'))[:12]}"
-        f"{' dirty' if prov['git'].get('dirty') else ''}, "
-        f"{(prov.get('cpu') or {}).get('brand')}).", "",
+        f"{' dirty' if prov['git'].get('dirty') else ''}).", "",
+        f"CPU: {hardware(prov)}.", "",
         "Command:", "", "```",
         ".venv/bin/python -m omni_ray.bench.int4_peers " + " ".join(result["command"][3:]),
         "```", "",
@@ -595,8 +637,14 @@ def readme(result: dict, json_name: str) -> str:
             f"{_fmt(row.get('prefill128_tok_s'), 0)} | {_fmt(row.get('prefill512_tok_s'), 0)} | "
             f"{_fmt(row.get('rss_anon_tree_mb'), 0)} | "
             f"{_fmt(row.get('peak_rss_anon_during_load_mb'), 0)} | "
-            f"{_pct(sol['engines'].get(name, {}).get('fraction'))} |")
+            f"{_sol_cell(sol['engines'].get(name, {}))} |")
     lines += _noisy_lines(result)
+    for name, row in rows.items():
+        if row.get("decode_setting"):
+            lines.append(f"- {name}: best of `-fa on/off` x threads per test; decode at depth "
+                         f"128 won with `{', '.join(_distinct(row['decode_setting']))}`, at 512 "
+                         f"with `{', '.join(_distinct(row.get('decode_setting_at_p512') or []))}`"
+                         " (per pass)")
     lines += ["", "Ratios (int4 over the peer):", "",
               "| int4 mode | decode vs vLLM bf16 | (at p512) | decode vs llama.cpp Q4_0 | "
               "(at p512) | (Q4_0 at depth 0) | prefill128 vs vLLM bf16 | prefill512 vs vLLM bf16 | "
@@ -638,7 +686,12 @@ def readme(result: dict, json_name: str) -> str:
               f"{_fmt(bw.get('copy_gb_s'), 2)}); weight bytes per token: "
               + ", ".join(f"{k} {v['total'] / 1e6:.0f} MB" for k, v in
                           sol["bytes_per_token"].items())
-              + ". Fraction = decode tok/s x bytes per token / bandwidth (KV reads ignored)."]
+              + ". Fraction = decode tok/s x bytes per token / bandwidth (KV reads ignored), "
+              "against the probe of the figure's regime: "
+              + (", ".join(f"{k} {_fmt(v.get('ceiling_gb_s'), 2)} GB/s over "
+                           f"{(v.get('size_bytes') or 0) / 2**20:g} MiB"
+                           for k, v in (sol.get("probes") or {}).items()) or "-")
+              + f" (LLC {_fmt((sol.get('llc_bytes') or 0) / 2**20, 0)} MiB from sysfs)."]
     prof = result.get("decode_profile")
     if prof and prof.get("status") == "ok":
         s = dict(prof["per_step_ms"])

@@ -101,7 +101,8 @@ class Progress:
         self.running = max(0, self.running - (record.get("slot") is not None))
         m = record.get("measurements") or {}
         if record["status"] == "ok":
-            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s, "
+            regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
+            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
                     f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
         else:
             self.failed += 1

@@ -1,4 +1,8 @@
-"""omni-ray make-model --shape NAME --out DIR: a synthetic HF model, no download."""
+"""omni-ray make-model --shape NAME --out DIR: a synthetic HF model, no download.
+
+Streams the weights to disk (a progress bar on stderr); refuses with one line and exit 2 when
+the disk has less free space than the build writes. See docs/sizes.md.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from omni_ray.models.build import build_model, get_shape
 
     shape = get_shape(args.shape)
     out = build_model(args.shape, args.out, seed=args.seed, tie_embeddings=args.tie,
-                      force=args.force)
+                      force=args.force, progress=sys.stderr)
     tie = shape.tie_embeddings if args.tie is None else args.tie
     print(f"{out}: {shape.name}, {shape.num_parameters(tie) / 1e6:.1f}M parameters, "
           f"seed {args.seed}, {'tied' if tie else 'untied'} embeddings")

@@ -163,6 +163,20 @@ def run_workload(llm, wl: dict, vocab_size: int, sampler: TreeSampler, seed: int
     return out
 
 
+def decode_regime(model_path: str, cpus: list[int] | None) -> dict:
+    """Whether the weights a decode token reads fit in the LLC of the CPUs used, with both
+    numbers (``omni_ray.measure.regime``; the LLC from sysfs)."""
+    from omni_ray.measure.regime import checkpoint_bytes_per_token, describe
+    from omni_ray.topology.caches import detect_llc
+
+    llc = detect_llc()
+    try:
+        weight_bytes = checkpoint_bytes_per_token(model_path)
+    except (OSError, ValueError, KeyError):
+        weight_bytes = None
+    return describe(weight_bytes, llc.bytes_for(cpus) if llc else None)
+
+
 def kv_cache_tokens(llm) -> int:
     cache = llm.llm_engine.vllm_config.cache_config
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
@@ -219,6 +233,8 @@ def run(req: dict) -> dict:
         if req.get("workload"):
             vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
             m.update(run_workload(llm, req["workload"], vocab, sampler, req.get("seed", 0)))
+            if m.get("decode_tok_s") is not None:
+                m.update(decode_regime(req["model_path"], cpus))
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         report = vllm_omni.patch_report()

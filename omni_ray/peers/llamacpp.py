@@ -453,6 +453,31 @@ def _tmp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
+# Bytes per weight the converter writes for each outtype ("auto" is a 16-bit type for a bf16 or
+# fp16 source; q8_0 is 32 int8 weights and an fp16 scale a block).
+_OUTTYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "auto": 2.0, "q8_0": 34 / 32}
+GGUF_SLACK_BYTES = 64 << 20  # vocabulary, metadata, alignment
+
+
+def gguf_bytes_needed(hf_dir: Path, outtype: str) -> int:
+    """Disk the GGUF of ``hf_dir`` takes: its weights' elements at the outtype's bytes, plus
+    ``GGUF_SLACK_BYTES`` (1-D tensors, which the converter keeps in f32, are a rounding error)."""
+    from vllm_omni.quantization.shards import read_header
+
+    elements = 0
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        for t in read_header(f):
+            n = 1
+            for d in t.spec.shape:
+                n *= d
+            elements += n
+    return int(elements * _OUTTYPE_BYTES[outtype]) + GGUF_SLACK_BYTES
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
 def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str = "bf16", *,
             pre_tokenizer: str | None = DEFAULT_PRE_TOKENIZER,
             cache_dir: Path | None = None) -> Path:
@@ -460,7 +485,8 @@ def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str
 
     ``pre_tokenizer`` is used only if llama.cpp does not recognize the tokenizer (None: no
     override, the converter's own error stands). Needs only the source, not the build. The file
-    appears at ``out_gguf`` only when the conversion succeeded.
+    appears at ``out_gguf`` only when the conversion succeeded; a disk without room for it
+    (``gguf_bytes_needed``) is refused before anything runs.
     """
     hf_dir, out_gguf = Path(hf_dir), Path(out_gguf)
     if outtype not in CONVERT_OUTTYPES:
@@ -469,9 +495,13 @@ def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"llama.cpp convert: {hf_dir} is not a Hugging Face model directory "
                         "(no config.json)")
+    out_gguf.parent.mkdir(parents=True, exist_ok=True)
+    need, free = gguf_bytes_needed(hf_dir, outtype), _free_bytes(out_gguf.parent)
+    if need > free:
+        raise UserError(f"llama.cpp convert: not enough disk space for {out_gguf}: needs {need} "
+                        f"bytes ({need / 1e9:.2f} GB), {free} bytes ({free / 1e9:.2f} GB) free")
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     src = ensure_source(cache_dir)
-    out_gguf.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_path(out_gguf)
     log = _work_dir(cache_dir) / "logs" / f"convert-{out_gguf.stem}.log"
     try:
@@ -580,19 +610,29 @@ def parse_bench_json(text: str, command: Sequence[str],
     return records
 
 
-def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, threads: int,
+def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *,
+                  threads: int | Sequence[int],
                   n_prompt: Sequence[int] = (128, 512), n_gen: int | Sequence[int] = 64,
                   repetitions: int = 3, cpus: Sequence[int] | None = None,
-                  n_depth: Sequence[int] = (0,), extra_args: Sequence[str] = ()) -> list[str]:
+                  n_depth: Sequence[int] = (0,), flash_attn: Sequence[str] = (),
+                  extra_args: Sequence[str] = ()) -> list[str]:
     """The argv for one llama-bench run; ``cpus`` pins it (and its threads) with ``taskset``.
 
     ``n_depth``: tokens put in the KV cache (untimed) before each test (``-d``); llama-bench runs
     every test at every depth. Only depth 0, its default, leaves ``-d`` out of the argv.
+    ``threads`` and ``flash_attn`` (``on``/``off``/``auto``; empty: llama-bench's default, auto)
+    may be lists: llama-bench runs every test with every combination (``-t 1,2 -fa on,off``), and
+    ``best_settings`` picks the fastest per test.
     """
     n_gen = (n_gen,) if isinstance(n_gen, int) else tuple(n_gen)
     n_prompt, n_depth = tuple(n_prompt), tuple(n_depth)
-    if threads < 1:
+    thread_list = (threads,) if isinstance(threads, int) else tuple(threads)
+    flash_attn = tuple(flash_attn)
+    if not thread_list or any(t < 1 for t in thread_list):
         raise UserError(f"llama.cpp bench: threads must be >= 1, got {threads}")
+    if any(fa not in FLASH_ATTN_VALUES for fa in flash_attn):
+        raise UserError(f"llama.cpp bench: flash_attn must be among "
+                        f"{', '.join(FLASH_ATTN_VALUES)}, got {list(flash_attn)}")
     if repetitions < 1:
         raise UserError(f"llama.cpp bench: repetitions must be >= 1, got {repetitions}")
     if any(n < 0 for n in (*n_prompt, *n_gen)):
@@ -608,21 +648,27 @@ def bench_command(llama_bench: str | os.PathLike, gguf: str | os.PathLike, *, th
             raise UserError(f"llama.cpp bench: cpus must be a non-empty list of CPU ids, "
                             f"got {list(cpus)}")
         prefix = ["taskset", "-c", ",".join(str(c) for c in sorted(set(cpus)))]
-    return [*prefix, str(llama_bench), "-m", str(gguf), "-t", str(threads),
+    return [*prefix, str(llama_bench), "-m", str(gguf), "-t", ",".join(map(str, thread_list)),
             "-p", ",".join(map(str, n_prompt or (0,))), "-n", ",".join(map(str, n_gen or (0,))),
             "-r", str(repetitions), "-o", "json",
-            *(["-d", ",".join(map(str, n_depth))] if n_depth != (0,) else []), *extra_args]
+            *(["-d", ",".join(map(str, n_depth))] if n_depth != (0,) else []),
+            *(["-fa", ",".join(flash_attn)] if flash_attn else []), *extra_args]
 
 
 def _tests_tag(cmd: Sequence[str]) -> str:
     """``p128,512-n0`` from an argv's -p, -n (and -d) values: names one set of tests."""
-    values = {flag: cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag in ("-p", "-n", "-d")}
-    return "-".join(f"{flag[1]}{values[flag]}" for flag in ("-p", "-n", "-d") if flag in values)
+    flags = ("-p", "-n", "-d", "-t", "-fa")
+    values = {flag: cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag in flags}
+    if "," not in values.get("-t", ""):
+        values.pop("-t", None)  # one thread count: the name stays what it was
+    return "-".join(f"{flag[1:]}{values[flag]}" for flag in flags if flag in values)
 
 
-def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (128, 512),
+def bench(gguf: str | os.PathLike, *, threads: int | Sequence[int],
+          n_prompt: Sequence[int] = (128, 512),
           n_gen: int | Sequence[int] = 64, repetitions: int = 3, cpus: Sequence[int] | None = None,
-          n_depth: Sequence[int] = (0,), extra_args: Sequence[str] = (),
+          n_depth: Sequence[int] = (0,), flash_attn: Sequence[str] = (),
+          extra_args: Sequence[str] = (),
           timeout: float | None = None, cache_dir: Path | None = None) -> list[dict]:
     """Run llama-bench on ``gguf`` and return one dict per test (``BenchRecord.as_dict``).
 
@@ -637,7 +683,7 @@ def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (1
     llama = ensure_built(cache_dir)
     cmd = bench_command(llama.llama_bench, gguf, threads=threads, n_prompt=n_prompt, n_gen=n_gen,
                         repetitions=repetitions, cpus=cpus, n_depth=n_depth,
-                        extra_args=extra_args)
+                        flash_attn=flash_attn, extra_args=extra_args)
     log = llama.logs_dir / f"bench-{gguf.stem}-{_tests_tag(cmd)}.log"
     raw = log.with_suffix(".json")
     _run_logged("bench", cmd, log, stdout_to=raw, timeout=timeout)
@@ -647,6 +693,69 @@ def bench(gguf: str | os.PathLike, *, threads: int, n_prompt: Sequence[int] = (1
         raise UserError(f"llama.cpp bench: output is not llama-bench JSON ({exc}); "
                         f"see {raw}") from None
     return [r.as_dict() for r in records]
+
+
+# ------------------------------------------------------------------------------ the best setting
+
+# What llama.cpp's users tune on a CPU and llama-bench can sweep in one run: flash attention
+# (its default "auto" picks one; users set it), and the thread count.
+FLASH_ATTN_VALUES = ("on", "off", "auto")
+TUNED_FLASH_ATTN = ("on", "off")
+# llama-bench's JSON gives flash_attn as the enum's int (llama_flash_attn_type); older builds a
+# bool, some tables a string.
+_FLASH_ATTN_NAMES = {-1: "auto", 0: "off", 1: "on", False: "off", True: "on",
+                     "auto": "auto", "off": "off", "on": "on", "0": "off", "1": "on",
+                     "-1": "auto", "false": "off", "true": "on"}
+
+
+def thread_candidates(n_cpus: int) -> tuple[int, ...]:
+    """Thread counts worth trying on a slot of ``n_cpus``: all of them, and half (one per core
+    of an SMT pair, or fewer threads fighting over memory bandwidth), when that is >= 1."""
+    if n_cpus < 1:
+        raise UserError(f"llama.cpp bench: a slot needs at least one CPU, got {n_cpus}")
+    return tuple(sorted({n_cpus, max(1, n_cpus // 2)}))
+
+
+def flash_attn_name(value: object) -> str:
+    key = value.lower() if isinstance(value, str) else value
+    return _FLASH_ATTN_NAMES.get(key, str(value))
+
+
+def setting(record: dict) -> dict:
+    """The tuned settings a record ran with: ``{"flash_attn": "on", "threads": 2}``."""
+    return {"flash_attn": flash_attn_name(record.get("flash_attn")),
+            "threads": record.get("threads")}
+
+
+def setting_label(s: dict) -> str:
+    return f"-fa {s['flash_attn']} -t {s['threads']}"
+
+
+def best_settings(records: Sequence[dict]) -> list[dict]:
+    """Per test (kind, n_prompt, n_gen, n_depth): its fastest record (highest avg_ts), with
+    ``setting`` (what won), ``setting_label`` and ``tried`` (every setting and its tok/s), in
+    the order the tests first appear."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["kind"], r["n_prompt"], r["n_gen"], r.get("n_depth", 0)),
+                          []).append(r)
+    out = []
+    for group in groups.values():
+        best = max(group, key=lambda r: r["avg_ts"])
+        tried = [{"setting": setting(r), "avg_ts": r["avg_ts"], "stddev_ts": r.get("stddev_ts")}
+                 for r in group]
+        out.append(dict(best, setting=setting(best), setting_label=setting_label(setting(best)),
+                        tried=tried))
+    return out
+
+
+def bench_best(gguf: str | os.PathLike, *, cpus: Sequence[int],
+               threads: Sequence[int] | None = None,
+               flash_attn: Sequence[str] = TUNED_FLASH_ATTN, **kwargs) -> list[dict]:
+    """``bench`` over the settings users tune (``flash_attn`` x ``threads``, default
+    ``thread_candidates(len(cpus))``) in one llama-bench run; the best record per test."""
+    threads = tuple(threads) if threads else thread_candidates(len(cpus))
+    return best_settings(bench(gguf, threads=threads, flash_attn=flash_attn, cpus=cpus, **kwargs))
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -680,13 +789,20 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--type", dest="qtype", default="Q4_0")
     b = sub.add_parser("bench", help="llama-bench, one JSON record per test on stdout")
     b.add_argument("gguf", type=Path)
-    b.add_argument("-t", "--threads", type=int, required=True)
+    b.add_argument("-t", "--threads", type=_int_list, required=True,
+                   help="thread count(s), e.g. 2 or 1,2")
     b.add_argument("-p", "--n-prompt", type=_int_list, default=[128, 512])
     b.add_argument("-n", "--n-gen", type=_int_list, default=[64])
     b.add_argument("-r", "--repetitions", type=int, default=3)
     b.add_argument("-d", "--n-depth", type=_int_list, default=[0],
                    help="tokens in the KV cache before each test, e.g. 0,128")
     b.add_argument("--cpus", type=_int_list, default=None, help="pin to these CPU ids, e.g. 0,1")
+    b.add_argument("-fa", "--flash-attn", type=lambda t: [x for x in t.split(",") if x],
+                   default=[], help="flash attention settings to run, e.g. on,off "
+                                    "(default: llama-bench's, auto)")
+    b.add_argument("--best", action="store_true",
+                   help="one record per test: the fastest of the settings run (-t may be a "
+                        "list too, e.g. -t 1,2)")
     b.add_argument("--out", type=Path, default=None, help="also write the records to this file")
     return p
 
@@ -704,7 +820,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verb == "bench":
             records = bench(args.gguf, threads=args.threads, n_prompt=args.n_prompt,
                             n_gen=args.n_gen, repetitions=args.repetitions, cpus=args.cpus,
-                            n_depth=args.n_depth, cache_dir=args.cache_dir)
+                            n_depth=args.n_depth, flash_attn=args.flash_attn,
+                            cache_dir=args.cache_dir)
+            if args.best:
+                records = best_settings(records)
             text = json.dumps(records, indent=2)
             if args.out:
                 args.out.write_text(text + "\n")

@@ -155,6 +155,15 @@ def _proc_cpuinfo_flags() -> set[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def last_level_cache() -> dict | None:
+    """The LLC from sysfs (``topology.caches``; py-cpuinfo's L3 is wrong on AMD hosts)."""
+    from omni_ray.topology.caches import detect_llc
+
+    llc = detect_llc()
+    return None if llc is None else llc.to_dict()
+
+
+@functools.lru_cache(maxsize=1)
 def _static() -> dict[str, object]:
     return {
         "host": socket.gethostname(),
@@ -185,4 +194,5 @@ def collect(*, cpu: bool = True) -> dict:
     out["thp"] = thp_mode()
     if cpu:
         out["cpu"] = copy.deepcopy(cpu_model())
+    out["llc"] = copy.deepcopy(last_level_cache())
     return out

@@ -10,6 +10,10 @@ median, min, max and spread % = (max - min) / |median| * 100, and flags:
 
 and, for two arms whose medians differ by less than either arm's own spread (max - min),
 a NOT A RANKING note: the order between them is noise.
+
+Each arm also carries the regime of its decode figures (``decode_regime``: cache-resident or
+DRAM-bound, from the records' measurements) and the CPU they ran on (``hardware``: model, ISA,
+LLC, from the records' provenance); the markdown names both.
 """
 
 from __future__ import annotations
@@ -133,6 +137,13 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             continue
         entry["contended"] = entry["contended"] or _is_contended(rec)
         measured = rec.get("measurements") or {}
+        if measured.get("decode_regime"):
+            regimes = entry.setdefault("decode_regime", [])
+            if measured["decode_regime"] not in regimes:
+                regimes.append(measured["decode_regime"])
+        hw = hardware(rec.get("provenance"))
+        if hw and hw not in entry.setdefault("hardware", []):
+            entry["hardware"].append(hw)
         for m in metrics:
             v = _number(measured.get(m))
             if v is not None:
@@ -163,7 +174,39 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             note = ranking_note(_stat(sa), _stat(sb), names=(name_a, name_b), metric=m)
             if note:
                 notes.append({"metric": m, "arms": [name_a, name_b], "note": note})
-    return {"metrics": list(metrics), "noise_pct": noise_pct, "arms": arms, "notes": notes}
+    seen_hw = []
+    for e in arms.values():
+        seen_hw += [h for h in e.get("hardware", []) if h not in seen_hw]
+    return {"metrics": list(metrics), "noise_pct": noise_pct, "arms": arms, "notes": notes,
+            "hardware": seen_hw}
+
+
+# py-cpuinfo's spelling -> the kernel's (/proc/cpuinfo), as topology.detection aliases them.
+_FLAG_ALIASES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
+
+
+def hardware(provenance: dict | None) -> str | None:
+    """``"AMD EPYC (family 26 model 2); ISA avx512_bf16 avx512_vnni avx512f; LLC 32 MiB L3 x1
+    (CPUs 0-1)"``
+    from a record's provenance (its ``cpu`` and ``llc``); None when it has neither."""
+    from omni_ray.topology.machine import ISA_FLAGS
+
+    prov = provenance or {}
+    cpu, llc = prov.get("cpu") or {}, prov.get("llc")
+    if not cpu and not llc:
+        return None
+    flags = {_FLAG_ALIASES.get(f, f) for f in cpu.get("flags") or ()}
+    isa = " ".join(sorted(flags & ISA_FLAGS)) or "no AVX-512/AMX"
+    if llc:
+        mib = llc["size_bytes"] / (1 << 20)
+        llc_text = (f"{mib:g} MiB L{llc['level']} x{len(llc['instances'])} "
+                    f"(CPUs {'; '.join(llc['instances'][:4])})")
+    else:
+        llc_text = "unknown"
+    name = cpu.get("brand") or "unknown CPU"
+    if cpu.get("family") is not None:  # a VM may show only "AMD EPYC": the family tells which
+        name += f" (family {cpu['family']} model {cpu.get('model')})"
+    return f"{name}; ISA {isa}; LLC {llc_text}"
 
 
 def _stat(d: dict) -> Stat:
@@ -202,8 +245,10 @@ def to_markdown(summary: dict) -> str:
     """Arm x metric table of "median (spread%)", a flags column, then the notes."""
     metrics = summary["metrics"]
     labels = summary.get("labels") or {}
-    lines = ["| arm | " + " | ".join(metrics) + " | n | flags |",
-             "|---|" + "---:|" * len(metrics) + "---:|---|"]
+    regimes = any(e.get("decode_regime") for e in summary["arms"].values())
+    lines = ["| arm | " + " | ".join(metrics) + (" | decode regime" if regimes else "")
+             + " | n | flags |",
+             "|---|" + "---:|" * len(metrics) + ("---|" if regimes else "") + "---:|---|"]
     for arm_id, entry in summary["arms"].items():
         arm_flags = list(entry["flags"])
         single = noisy = False
@@ -223,12 +268,18 @@ def to_markdown(summary: dict) -> str:
         n_text = "/".join(map(str, ns)) if ns else "0"
         cells = [_cell(entry["metrics"].get(m)) for m in metrics]
         name = f"{labels[arm_id]} ({arm_id})" if arm_id in labels else arm_id
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {n_text} | "
+        regime = " | " + (", ".join(entry.get("decode_regime") or []) or "-") if regimes else ""
+        lines.append(f"| {name} | " + " | ".join(cells) + regime + f" | {n_text} | "
                      + ", ".join(arm_flags) + " |")
     out = "\n".join(lines) + "\n"
     legend = (f"\nCells: median (spread = (max - min) / median); NOISY: spread > "
               f"{summary['noise_pct']:g}%; SINGLE PASS: one pass is not a result.\n")
     out += legend
+    if regimes:
+        out += ("decode regime: cache-resident when the weight bytes a token reads fit in the "
+                "LLC of the CPUs used, else DRAM-bound.\n")
+    for hw in summary.get("hardware") or []:
+        out += f"CPU: {hw}\n"
     if summary["notes"]:
         out += "\n" + "\n".join(f"- {n['note']}" for n in summary["notes"]) + "\n"
     return out

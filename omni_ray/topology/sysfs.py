@@ -71,3 +71,15 @@ def parse_cgroup_v2_path(text: str) -> str | None:
         if hierarchy == "0" and controllers == "" and path.startswith("/"):
             return path.strip()
     return None
+
+
+_SIZE = re.compile(r"^(\d+)\s*([KMG]?)B?$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_cache_size(text: str) -> int:
+    """``cpu*/cache/index*/size`` -> bytes: ``"32768K"`` -> 33554432 (K, M, G are binary)."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"not a cache size: {text.strip()!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]

@@ -13,17 +13,27 @@ registers the method; config.json names it). What is written:
 
 A layer int4 cannot take (N not a multiple of 16, K not a multiple of the group) stays bf16 and
 is listed in ``ignored_modules`` with a warning; the parts of a fused layer (q/k/v, gate/up)
-stay bf16 together, because vLLM loads them into one tensor. Works one tensor at a time.
+stay bf16 together, because vLLM loads them into one tensor.
+
+Streams: every output file's header is planned from the source's headers first, then each
+tensor is read (``pread``, not a memory map whose pages would stay in RSS) and quantized in
+blocks of rows and appended (``vllm_omni.quantization.shards``); only one block, plus the
+scales and zeros of the layer being written (1/64 of its bf16 bytes), is in memory. The free
+disk space is checked against the planned bytes before anything is written; the checkpoint is
+built in ``DST.partial`` (removed first if a killed run left it) and renamed at the end.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 from pathlib import Path
 
@@ -31,6 +41,9 @@ import torch
 
 from vllm_omni.errors import OmniInputError
 from vllm_omni.quantization import grid
+from vllm_omni.quantization.shards import (INDEX, ShardWriter, StoredTensor, TensorSpec,
+                                           file_bytes, index_json, plan_shards, read_header,
+                                           read_rows, row_blocks, shard_names)
 
 logger = logging.getLogger("vllm.omni")
 
@@ -45,6 +58,9 @@ FUSED_PARTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 VOCAB_MODULES = ("embed_tokens", "lm_head")
 N_MULTIPLE = 16
 SHARD_BYTES = 2 << 30
+# Elements of the source read (and quantized) at a time.
+BLOCK_ELEMS = 1 << 20
+_METADATA = {"format": "pt"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +127,99 @@ def plan(shapes: dict[str, tuple[int, ...]], group_size: int,
     return quantized, ignored
 
 
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _module(name: str) -> str | None:
+    return name[: -len(".weight")] if name.endswith(".weight") else None
+
+
+def _output_specs(spec: TensorSpec, qset: set[str], group_size: int) -> list[TensorSpec]:
+    """What the checkpoint holds for one source tensor: three int4 tensors or the tensor."""
+    module = _module(spec.name)
+    if module not in qset:
+        return [spec]
+    n, k = spec.shape
+    shapes = grid.expected_shapes(n, k, group_size)
+    return [TensorSpec(f"{module}.{part}", grid.TENSOR_DTYPES[part], shapes[part])
+            for part in (grid.PACKED, grid.SCALE, grid.ZERO)]
+
+
+def _pieces(stored: list[StoredTensor], qset: set[str], group_size: int):
+    """(output name, its pieces) in ``_output_specs`` order, reading the source by row blocks.
+
+    A quantized layer's packed codes stream out block by block while its scales and zeros
+    collect (1/64 of the layer's bf16 bytes at group 128); they follow once all rows are done.
+    """
+    for t in stored:
+        module = _module(t.spec.name)
+        n_rows = t.spec.shape[0] if t.spec.shape else 1
+        blocks = list(row_blocks(n_rows, _row_elems(t.spec), BLOCK_ELEMS))
+        if module not in qset:
+            yield t.spec.name, (read_rows(t, a, b) if t.spec.shape else read_rows(t)
+                                for a, b in blocks)
+            continue
+        scales, zeros = [], []
+
+        def packed(t=t, blocks=blocks, scales=scales, zeros=zeros):
+            for a, b in blocks:
+                qw = grid.quantize(read_rows(t, a, b), group_size)
+                scales.append(qw.scale)
+                zeros.append(qw.zero)
+                yield qw.packed
+                del qw
+                _trim_heap()
+
+        yield f"{module}.{grid.PACKED}", packed()
+        yield f"{module}.{grid.SCALE}", iter(scales)
+        yield f"{module}.{grid.ZERO}", iter(zeros)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _trim_heap() -> None:
+    """Give freed heap back to the OS after each block.
+
+    glibc raises its mmap threshold to the size of each freed mmapped chunk, so after the
+    first block the fp32 temporaries of quantization (tens of MB) come from the heap, which
+    fragments and is not returned: without this a 3B-parameter conversion grew 1.8 GB over the
+    588 MB of the imported interpreter; with it, measured in docs/sizes.md.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _row_elems(spec: TensorSpec) -> int:
+    n = 1
+    for d in spec.shape[1:]:
+        n *= d
+    return n
+
+
+def _write_shards(tmp: Path, names: list[str], shards: list[list[TensorSpec]], pieces) -> None:
+    for fname, specs in zip(names, shards):
+        writer = ShardWriter(tmp / fname, specs, _METADATA)
+        try:
+            for _ in specs:
+                name, piece_iter = next(pieces)
+                for piece in piece_iter:
+                    writer.write(name, piece)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+    if len(names) > 1:
+        (tmp / INDEX).write_text(index_json(shards, names))
+
+
 def _tied_head_names(names, tie: bool) -> set[str]:
     return {n for n in names if tie and n.rsplit(".", 2)[-2:-1] == ["lm_head"]}
 
@@ -120,9 +229,6 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                         row_threshold: int | None = None,
                         overwrite: bool = False) -> ConvertResult:
     """Write the cpu_int4 checkpoint of ``src`` to ``dst``; see the module docstring."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD, CpuInt4Config
 
     src, dst = Path(src), Path(dst)
@@ -147,13 +253,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     tie = bool(hf_config.get("tie_word_embeddings", False))
     files = _weight_files(src)
 
-    shapes: dict[str, tuple[int, ...]] = {}
-    where: dict[str, Path] = {}
-    for f in files:
-        with safe_open(f, framework="pt") as sf:
-            for name in sf.keys():
-                shapes[name] = tuple(sf.get_slice(name).get_shape())
-                where[name] = f
+    shapes = {t.spec.name: t.spec.shape for f in files for t in read_header(f)}
     skip = _tied_head_names(shapes, tie)
     quantized, ignored = plan({n: s for n, s in shapes.items() if n not in skip}, group_size,
                               tie)
@@ -162,57 +262,33 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     cfg.ignored_modules = sorted(ignored)
     qset = set(quantized)
 
+    stored = [t for f in files for t in read_header(f) if t.spec.name not in skip]
+    out_specs = [spec for t in stored for spec in _output_specs(t.spec, qset, group_size)]
+    shards = plan_shards(out_specs, SHARD_BYTES)
+    names = shard_names(len(shards))
+    small = sum(p.stat().st_size for p in src.iterdir() if p.is_file()
+                and not p.name.endswith(_WEIGHT_SUFFIXES)) + (1 << 20)
+    need = sum(file_bytes(s, _METADATA) for s in shards) + small
     tmp = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # what a killed run left
     try:
-        tmp.mkdir(parents=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OmniInputError(f"{dst}: cannot write the checkpoint there: {exc.strerror}") from None
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    shard_bytes = 0
-    shard_files: list[str] = []
+    free = _free_bytes(tmp.parent)
+    if need > free:
+        raise OmniInputError(f"{dst}: not enough disk space: the checkpoint needs {need} bytes "
+                             f"({need / 1e9:.2f} GB), {free} bytes ({free / 1e9:.2f} GB) free")
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        raise OmniInputError(f"{dst}: cannot write the checkpoint there: {exc.strerror}") from None
 
-    def flush() -> None:
-        nonlocal shard, shard_bytes
-        if not shard:
-            return
-        fname = f"model-{len(shard_files) + 1:05d}.safetensors"
-        save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-        shard_files.append(fname)
-        for n in shard:
-            weight_map[n] = fname
-        shard, shard_bytes = {}, 0
-
-    def put(name: str, t: torch.Tensor) -> None:
-        nonlocal shard_bytes
-        shard[name] = t.contiguous()
-        shard_bytes += t.numel() * t.element_size()
-        if shard_bytes >= SHARD_BYTES:
-            flush()
-
-    for f in files:
-        with safe_open(f, framework="pt") as sf:
-            for name in sf.keys():
-                if name in skip:
-                    continue
-                t = sf.get_tensor(name)
-                module = name[: -len(".weight")] if name.endswith(".weight") else None
-                if module in qset:
-                    qw = grid.quantize(t, group_size)
-                    put(f"{module}.{grid.PACKED}", qw.packed)
-                    put(f"{module}.{grid.SCALE}", qw.scale)
-                    put(f"{module}.{grid.ZERO}", qw.zero)
-                else:
-                    put(name, t)
-                del t
-    flush()
-    if len(shard_files) == 1:
-        os.replace(tmp / shard_files[0], tmp / "model.safetensors")
-    else:
-        total = sum((tmp / f).stat().st_size for f in shard_files)
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    try:
+        _write_shards(tmp, names, shards, _pieces(stored, qset, group_size))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     hf_config["quantization_config"] = cfg.to_dict()
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
@@ -240,6 +316,9 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
         "tied_head_dropped": sorted(skip),
         "copied_files": copied,
         "torch": torch.__version__,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_how": "ru_maxrss of the converting process: its peak so far, the conversion "
+                        "included (for `omni-ray quantize`, the conversion's)",
     }
     (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     if dst.exists():

@@ -88,3 +88,27 @@ def test_save_and_exit_keeps_the_result_and_its_command_before_exiting(tmp_path,
     assert saved["kind"] == "decode_pairs" and saved["pairs"] == 3
     assert saved["command"].endswith("-m omni_ray.bench.decode_pairs --pairs 3")
     assert capsys.readouterr().out.strip() == f"ratio 0.9  -> {path}"
+    # the CPU every figure ran on, in one line: model; ISA; LLC (from sysfs)
+    assert saved["hardware"].count("; ") == 2 and "; LLC " in saved["hardware"]
+
+
+def test_the_peer_is_tuned_once_and_every_pair_uses_the_winner(monkeypatch, tmp_path):
+    from omni_ray.peers import llamacpp
+
+    calls = []
+
+    def fake_bench(gguf, **kw):
+        calls.append(kw)
+        threads = (kw["threads"],) if isinstance(kw["threads"], int) else kw["threads"]
+        return [{"kind": "tg", "n_prompt": 0, "n_gen": 64, "n_depth": 128, "avg_ts": ts,
+                 "stddev_ts": 0.5, "flash_attn": fa, "threads": t}
+                for fa, t, ts in ((1, 1, 20.0), (1, 2, 33.0), (0, 1, 19.0), (0, 2, 30.0))
+                if t in threads and (not kw["flash_attn"] or
+                                           llamacpp.flash_attn_name(fa) in kw["flash_attn"])]
+
+    monkeypatch.setattr(llamacpp, "bench", fake_bench)
+    tuned = dp.tune_peer(tmp_path / "m.gguf", [0, 1], depth=128, output_len=64, repetitions=1)
+    assert tuned["setting"] == {"flash_attn": "on", "threads": 2} and len(tuned["tried"]) == 4
+    assert dp.peer_tok_s(tmp_path / "m.gguf", [0, 1], depth=128, output_len=64, repetitions=1,
+                         setting=tuned["setting"]) == 33.0
+    assert (calls[-1]["threads"], calls[-1]["flash_attn"]) == (2, ("on",))

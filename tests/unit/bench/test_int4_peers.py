@@ -79,33 +79,51 @@ def test_ratios_with_a_missing_arm_are_none_not_a_crash():
     assert r["targets"]["int4_vs_llamacpp_q4_0_decode"]["met"] is None
 
 
-def _llama_record(kind, n_prompt, n_gen, n_depth, ts):
-    return {"kind": kind, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "avg_ts": ts}
+def _llama_record(kind, n_prompt, n_gen, n_depth, ts, fa=1, threads=2):
+    return {"kind": kind, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "avg_ts": ts,
+            "flash_attn": fa, "threads": threads}
 
 
 def test_llama_arm_prefills_from_empty_and_decodes_at_the_vllm_prompt_lengths(monkeypatch):
     calls = []
 
     def fake_bench(gguf, **kw):
+        """Every (-fa, -t) combination; -fa off is faster at depth 0, on deeper in the cache
+        (as on CPUs), one thread is slower."""
         calls.append(kw)
-        if kw["n_gen"] == 0:
-            return [_llama_record("pp", n, 0, 0, 1000.0 + n) for n in kw["n_prompt"]]
-        return [_llama_record("tg", 0, kw["n_gen"], d, 100.0 - d / 16) for d in kw["n_depth"]]
+        out = []
+        for fa in (1, 0):  # llama-bench's JSON: the enum's int
+            for t in kw["threads"]:
+                slow = 0.5 if t == 1 else 1.0
+                if kw["n_gen"] == 0:
+                    out += [_llama_record("pp", n, 0, 0, (1000.0 + n) * slow, fa, t)
+                            for n in kw["n_prompt"]]
+                else:
+                    out += [_llama_record("tg", 0, kw["n_gen"], d,
+                                          (100.0 - d / 16 + (2 if fa else -2) * (d > 0)
+                                           - (1 if fa and d == 0 else 0)) * slow, fa, t)
+                            for d in kw["n_depth"]]
+        return out
 
     monkeypatch.setattr(int4_peers.llamacpp, "bench", fake_bench)
     res = int4_peers.run_llama_arm({"gguf": "q.gguf"}, [0, 1], timeout_s=60)
     assert [c.get("n_depth", (0,)) for c in calls] == [(0,), (0, 128, 512)]
-    assert res["measurements"] == {"pp128_tok_s": 1128.0, "pp512_tok_s": 1512.0,
-                                   "tg64_tok_s": 100.0, "tg64_d128_tok_s": 92.0,
-                                   "tg64_d512_tok_s": 68.0}
+    assert all(c["flash_attn"] == ("on", "off") and c["threads"] == (1, 2) for c in calls)
+    assert res["measurements"] == {
+        "pp128_tok_s": 1128.0, "pp128_tok_s_setting": "-fa on -t 2",
+        "pp512_tok_s": 1512.0, "pp512_tok_s_setting": "-fa on -t 2",
+        "tg64_tok_s": 100.0, "tg64_tok_s_setting": "-fa off -t 2",
+        "tg64_d128_tok_s": 94.0, "tg64_d128_tok_s_setting": "-fa on -t 2",
+        "tg64_d512_tok_s": 70.0, "tg64_d512_tok_s_setting": "-fa on -t 2"}
     rows = int4_peers.engine_table(int4_peers.summarize([
         {"arm": {"id": "llamacpp-Q4_0"}, "pass": 1, "status": "ok",
          "measurements": res["measurements"]}]))
     q4 = rows["llamacpp-Q4_0"]
     # the compared figure is the one at the vLLM arm's context, not llama-bench's default
     assert (q4["decode_tok_s"], q4["decode_tok_s_at_p512"], q4["decode_tok_s_at_depth0"]) == (
-        92.0, 68.0, 100.0)
+        94.0, 70.0, 100.0)
     assert q4["prefill128_tok_s"] == 1128.0
+    assert q4["decode_setting"] == ["-fa on -t 2"]
 
 
 def test_ratios_by_pass_pair_each_int4_arm_with_q4_0_of_the_same_pass():
@@ -153,6 +171,7 @@ def test_speed_of_light_and_readme_render():
     assert "| llamacpp-Q4_0 | 30.0 | - | 33.0 |" in text
     assert "int4_compiled decode vs llama.cpp Q4_0 by pass: 1.05x (pass 1), 0.86x (pass 2)" in text
     assert "--shape qwen2.5-0.5b" in text
+    assert "CPU: x; ISA no AVX-512/AMX; LLC unknown." in text
 
 
 def test_parser_defaults():

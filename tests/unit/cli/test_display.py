@@ -117,3 +117,12 @@ def test_an_arm_past_the_mean_time_has_no_eta():
     console.print(view.render())
     row = next(line for line in console.file.getvalue().splitlines() if "n0s0" in line)
     assert row.strip("│ ").split("│")[-1].strip() == "?"
+
+
+def test_a_decode_figure_says_its_regime():
+    out = io.StringIO()
+    view = Progress(out)
+    view(events.Started(1, 0, None))
+    view(events.ArmDone(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 812.34, "decode_regime": "cache-resident", "rss_anon_tree_mb": 478.2}}))
+    assert "decode 812.3 tok/s (cache-resident), rss 478 MiB" in out.getvalue()

@@ -36,7 +36,9 @@ def test_tie_flags_are_exclusive(tmp_path, capsys):
 def test_unknown_shape_names_the_known_ones(tmp_path, user_error):
     line = user_error("make-model", "--shape", "nope", "--out", tmp_path / "m")
     assert line == ("omni-ray make-model: error: unknown shape 'nope'; "
-                    "known shapes: tiny, small, qwen2.5-0.5b")
+                    "known shapes: tiny, small, qwen2.5-0.5b, qwen2.5-0.5b-full-vocab, "
+                    "qwen2.5-1.5b, qwen2.5-1.5b-full-vocab, qwen2.5-3b, qwen2.5-3b-full-vocab, "
+                    "qwen2.5-7b, qwen2.5-7b-full-vocab, llama-3.1-8b, llama-3.1-8b-full-vocab")
     assert not (tmp_path / "m").exists()
 
 

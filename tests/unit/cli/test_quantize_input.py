@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from omni_ray.models.build import build_model
+from omni_ray.models.shapes import SHAPES
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def test_unknown_shape_name(tmp_path, user_error, monkeypatch):
     monkeypatch.chdir(tmp_path)
     line = user_error("quantize", "tiniest", tmp_path / "q")
     assert line == ("omni-ray quantize: error: model: tiniest: neither a directory nor a shape "
-                    "(known shapes: tiny, small, qwen2.5-0.5b)")
+                    f"(known shapes: {', '.join(SHAPES)})")
 
 
 def test_src_without_config(tmp_path, user_error):

