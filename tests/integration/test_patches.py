@@ -64,10 +64,21 @@ def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
     wl = {"prompt_len": 16, "output_len": 8, "batch": 1, "warmup": 0, "repeats": 1}
     cold = run_arm(tiny_model, stage=compiled, workload=wl, cache_dir=cache)
     warm = run_arm(tiny_model, stage=compiled, workload=wl, cache_dir=cache)
+    # without the patch the key lacks its CPU factor: the first stock engine compiles, and the
+    # second fails to load what the first saved
+    stock_cold = run_arm(tiny_model, stage=compiled | {"disable_patches": ["aot_cache"]},
+                         workload=wl, cache_dir=cache)
     stock = run_arm(tiny_model, stage=compiled | {"disable_patches": ["aot_cache"]},
                     workload=wl, cache_dir=cache)
+    assert stock_cold["log"]["aot_loaded"] == 0
     no_replay = run_arm(tiny_model, stage=compiled | {"disable_patches": ["compiled_call"]},
                         workload=wl, cache_dir=cache)
+    # torch's AVX2 kernels on the same machine: inductor generates other code, so the artifact
+    # above is not this one's (loading it once aborted the process: aot_cache.py)
+    other_isa = run_arm(tiny_model, stage=compiled | {"env": {"ATEN_CPU_CAPABILITY": "avx2"}},
+                        workload=wl, cache_dir=cache)
+    assert other_isa["status"] == "ok", other_isa.get("error")
+    assert other_isa["log"]["aot_loaded"] == 0 and other_isa["log"]["aot_load_failed"] == 0
     assert cold["log"]["aot_loaded"] == 0
     assert warm["log"]["aot_loaded"] >= 1 and warm["log"]["aot_load_failed"] == 0
     assert stock["log"]["aot_load_failed"] >= 1 and stock["log"]["aot_loaded"] == 0
