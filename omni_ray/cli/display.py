@@ -45,6 +45,13 @@ def print_plan(planned, passes, stream) -> None:
     print("dry run: nothing was started", file=stream)
 
 
+
+def header(total: int, skipped: int, dashboard_url: str | None) -> list[str]:
+    """The lines a run starts with, in either view: the dashboard, and what there is to do."""
+    lines = [f"Ray dashboard: http://{dashboard_url.removeprefix('http://')}"] if dashboard_url else []
+    return [*lines, f"{total} arm runs to do" + (f", {skipped} already done (resume)"
+                                                  if skipped else "")]
+
 class Progress:
     """The terminal view: ``progress(event)`` prints what a sweep emits."""
 
@@ -81,10 +88,8 @@ class Progress:
 
     def start(self, total: int, skipped: int, dashboard_url: str | None) -> None:
         self.total, self.t0 = total, time.monotonic()
-        if dashboard_url:
-            self._say(f"Ray dashboard: http://{dashboard_url.removeprefix('http://')}")
-        self._say(f"{total} arm runs to do" + (f", {skipped} already done (resume)"
-                                                if skipped else ""))
+        for line in header(total, skipped, dashboard_url):
+            self._say(line)
 
     def _status(self) -> str:
         el = time.monotonic() - self.t0
@@ -181,10 +186,8 @@ class LiveView:
         from rich.live import Live
 
         self.total, self.t0 = total, time.monotonic()
-        if dashboard_url:
-            self._say(f"Ray dashboard: http://{dashboard_url.removeprefix('http://')}")
-        self._say(f"{total} arm runs to do" + (f", {skipped} already done (resume)"
-                                                if skipped else ""))
+        for line in header(total, skipped, dashboard_url):
+            self._say(line)
         self.live = Live(console=self.console, get_renderable=self.render,
                          refresh_per_second=self.refresh_per_second, transient=True)
         self.live.start()

@@ -28,15 +28,6 @@ def test_an_unknown_switch_or_side_is_named():
         patches.ablate("attention_sync", "sometimes")
 
 
-def test_step_ab_flips_a_patch_setting_through_the_interface(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "PER_FORWARD_SYNC", True)
-    flip = step_ab.flipper("attention_sync", {})
-    flip("per_op")
-    assert cpu_attention.PER_FORWARD_SYNC is False
-    flip("per_forward")
-    assert cpu_attention.PER_FORWARD_SYNC is True
-
-
 def test_ablated_puts_the_setting_back(monkeypatch):
     monkeypatch.setattr(compiled_call, "STRAIGHT_TO_ENTRY", True)
     with patches.ablated("compiled_entry", "graph", back="entry"):
