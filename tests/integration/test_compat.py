@@ -49,7 +49,9 @@ def test_a_patch_refuses_a_vllm_whose_replicated_code_changed(monkeypatch, name,
     version, and names it."""
     patch = {p.NAME: p for p in patches.PATCHES}[name]
     monkeypatch.setitem(patch.REPLICATED, changed, "0" * 16)
-    with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed}$"):
+    with pytest.raises(LookupError, match=f"vLLM changed code this patch reproduces: {changed} "
+                                          r"\(python -m vllm_omni.patches.upstream check shows "
+                                          r"the diffs\)$"):
         patch.find_target()
 
 
