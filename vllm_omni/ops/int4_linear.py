@@ -34,7 +34,7 @@ _KERNELS: Optional[str] = None  # set by register()
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                     group_size: int, row_threshold: int,
                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y = x @ W^T (+ bias), W [N, K] in the CPU int4 pack; x [..., K] -> y [..., N]."""
+    """y = x @ W^T (+ bias), W [N, K] in vllm_omni's int4 layout; x [..., K] -> y [..., N]."""
     k = x.shape[-1]
     n = scales_zeros.shape[1]
     x2 = x.reshape(-1, k)
