@@ -52,6 +52,24 @@ def header(total: int, skipped: int, dashboard_url: str | None) -> list[str]:
     return [*lines, f"{total} arm runs to do" + (f", {skipped} already done (resume)"
                                                   if skipped else "")]
 
+
+def outcome(record: dict) -> str:
+    """What a recorded arm pass gave, in either view: its decode (with its regime) and RSS, or
+    why it failed."""
+    if record["status"] != "ok":
+        return f"{record['status'].upper()}: {record.get('error')}"
+    m = record.get("measurements") or {}
+    regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
+    return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
+            f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
+
+
+def finish_lines(report) -> list[str]:
+    """The lines a run ends with, in either view: where each sweep's results are."""
+    lines = [f"{name}: results in {out_dir} (summary.md)"
+             for name, out_dir in report.out_dirs.items()]
+    return lines + ([f"stopped: {report.refused}"] if report.refused else [])
+
 class Progress:
     """The terminal view: ``progress(event)`` prints what a sweep emits."""
 
@@ -104,21 +122,12 @@ class Progress:
     def record(self, task, record: dict) -> None:
         self.done += 1
         self.running = max(0, self.running - (record.get("slot") is not None))
-        m = record.get("measurements") or {}
-        if record["status"] == "ok":
-            regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
-            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
-                    f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
-        else:
-            self.failed += 1
-            what = f"{record['status'].upper()}: {record.get('error')}"
-        self._say(f"{self._status()} {task.arm.label} pass {task.pass_no}: {what}")
+        self.failed += record["status"] != "ok"
+        self._say(f"{self._status()} {task.arm.label} pass {task.pass_no}: {outcome(record)}")
 
     def finish(self, report) -> None:
-        for name, out_dir in report.out_dirs.items():
-            self._say(f"{name}: results in {out_dir} (summary.md)")
-        if report.refused:
-            self._say(f"stopped: {report.refused}")
+        for line in finish_lines(report):
+            self._say(line)
 
 
 def terminal_view(stream):
@@ -173,10 +182,8 @@ class LiveView:
                 self.record(task, record)
             case events.Finished(report):
                 self.stop()
-                for name, out_dir in report.out_dirs.items():
-                    self._say(f"{name}: results in {out_dir} (summary.md)")
-                if report.refused:
-                    self._say(f"stopped: {report.refused}")
+                for line in finish_lines(report):
+                    self._say(line)
 
     def _say(self, text: str) -> None:
         """One plain line above the table (no rich markup: labels and errors are data)."""
@@ -238,12 +245,6 @@ class LiveView:
             if row["task"] is task:
                 self.walls.append(time.monotonic() - row["t0"])
                 del self.rows[slot]
-        m = record.get("measurements") or {}
-        if record["status"] == "ok":
-            what = (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s, "
-                    f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
-        else:
-            self.failed += 1
-            what = f"{record['status'].upper()}: {record.get('error')}"
-        self._say(f"{task.arm.label} pass {task.pass_no}: {what}")
+        self.failed += record["status"] != "ok"
+        self._say(f"{task.arm.label} pass {task.pass_no}: {outcome(record)}")
         self.refresh()

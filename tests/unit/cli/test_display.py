@@ -126,3 +126,14 @@ def test_a_decode_figure_says_its_regime():
     view(events.ArmDone(task(), {"status": "ok", "slot": {}, "measurements": {
         "decode_tok_s": 812.34, "decode_regime": "cache-resident", "rss_anon_tree_mb": 478.2}}))
     assert "decode 812.3 tok/s (cache-resident), rss 478 MiB" in out.getvalue()
+
+
+def test_both_views_say_a_recorded_arm_the_same_way():
+    record = {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 812.34, "decode_regime": "DRAM-bound", "rss_anon_tree_mb": 478.2}}
+    view, buf = live_view()
+    with view:
+        view(events.Started(1, 0, None))
+        view(events.ArmStarted(task(), "n0s0"))
+        view(events.ArmDone(task(), record))
+    assert "batch=1 pass 2: decode 812.3 tok/s (DRAM-bound), rss 478 MiB" in buf.getvalue()
