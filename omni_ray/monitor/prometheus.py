@@ -95,7 +95,7 @@ class Prometheus:
     def selector(self, metric: str) -> str:
         return f'{exported_name(metric)}{{SessionName="{self.session}"}}'
 
-    def graph_url(self, metric: str, range_input: str = "30m") -> str:
+    def graph_url(self, metric: str, range_input: str = "10m") -> str:
         query = urllib.parse.urlencode({"g0.expr": self.selector(metric), "g0.tab": "0",
                                         "g0.range_input": range_input})
         return f"{self.url}/graph?{query}"

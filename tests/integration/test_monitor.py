@@ -1,6 +1,8 @@
 """``--monitor``: a real Prometheus (the host's package) scrapes the sweep's own Ray through
 Ray's service-discovery file and has a series of the running arm's RSS; it moves to the next
-free port when its port is taken, lives in the run directory and stops with the sweep."""
+free port when its port is taken, lives in the run directory and stops with the sweep. While the
+arm runs, headless Chromium opens what a person would: the Ray dashboard's Actors page (with the
+token in Ray's cookie) and Prometheus' graph of the arm's RSS, screenshots kept in tmp_path."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from omni_ray.monitor import prometheus
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,9 +32,11 @@ pytestmark = [
 ]
 
 # Inside the sweep's process: once Prometheus is up, a thread asks it for the arm's RSS series
-# until it has one (or the arm is over).
+# until it has one; then it prints READY with the addresses a person would open, and the arm's
+# end waits (bounded) until the test's browser has looked (the file argv[3] appears), so the
+# dashboard and Prometheus are still there to be seen.
 DRIVER = r"""
-import json, sys, threading, time, urllib.parse, urllib.request
+import json, os, sys, threading, time, urllib.parse, urllib.request
 import omni_ray
 from omni_ray import events
 
@@ -47,6 +54,8 @@ def ask(url, session):
             result = []
         if result:
             seen["rss"] = result
+            print("READY " + json.dumps({k: seen[k] for k in ("dashboard", "graphs")}),
+                  flush=True)
             return
         time.sleep(2)
 
@@ -57,6 +66,8 @@ def prometheus_sockets():
             for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
 
 def look(event):
+    if isinstance(event, events.Started):
+        seen["dashboard"] = event.dashboard_url
     if isinstance(event, events.Monitoring):
         seen["sockets"] = prometheus_sockets()
         seen["url"], seen["moved"], seen["graphs"] = event.url, event.moved, event.graphs
@@ -65,7 +76,9 @@ def look(event):
         seen["session"] = session
         threading.Thread(target=ask, args=(event.url, session), daemon=True).start()
     if isinstance(event, events.ArmDone):
-        time.sleep(1)
+        deadline = time.monotonic() + 300
+        while seen["rss"] and not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 cfg = {"name": "watched", "model": "tiny", "passes": 1, "placement": {"slot_cores": 1},
        "stage": {"kv_cache_mib": 32, "max_model_len": 512},
@@ -78,6 +91,44 @@ seen["run_dir"] = str(report.out_dirs["watched"])
 print(json.dumps(seen))
 """
 
+# The Actors page lists actors by name once its table has loaded.
+_ACTOR_JS = "document.body.innerText.includes('omni-stage:watched:')"
+# Prometheus' graph tab (Debian's build serves the classic UI, drawn with SVG by Rickshaw) has
+# drawn a line with this sweep's series in its legend.
+_GRAPH_JS = ("document.querySelectorAll('.graph_area svg path').length > 0 && "
+             "document.body.innerText.includes('sweep=\"watched\"')")
+# Errors of other people's code, not of anything omni-ray serves, each for a stated reason:
+FOREIGN_ERRORS = (
+    # Ray's dashboard probes a Grafana and a Prometheus of its own configuration (it was given
+    # none: ours starts after Ray, on the session's discovery file) and an events API it lacks.
+    "/api/grafana_health: Failed to load resource",
+    "/api/prometheus_health: Failed to load resource",
+    "/api/v0/platform_events: Failed to load resource",
+    # Debian's prometheus 2.42 package links the classic UI to Debian's popper.js 2, an ES
+    # module loaded as a plain script: a SyntaxError on every page, the graph is unaffected.
+    "popper.min.js",
+)
+
+
+def _own(errors: list[str]) -> list[str]:
+    return [e for e in errors if not any(f in e for f in FOREIGN_ERRORS)]
+
+
+def _look_as_a_person(ready: dict, token: str, workdir) -> dict:
+    """The dashboard's Actors page (token in Ray's cookie) and the RSS graph, in Chromium."""
+    from tests.integration.browser import Browser
+
+    dashboard = ready["dashboard"]
+    if not dashboard.startswith("http"):
+        dashboard = f"http://{dashboard}"
+    with Browser(workdir) as browser:
+        actors = browser.open(f"{dashboard}/#/actors", until=_ACTOR_JS, timeout_s=90,
+                              cookies={"ray-authentication-token": token},
+                              screenshot="dashboard-actors.png")
+        graph = browser.open(ready["graphs"]["omni_stage_rss_anon_mb"], until=_GRAPH_JS,
+                             timeout_s=60, screenshot="prometheus-rss.png")
+    return {"actors": actors, "graph": graph}
+
 
 @pytest.fixture
 def ray_env():
@@ -89,12 +140,29 @@ def ray_env():
 
 
 def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
+    looked = tmp_path / "looked"
     with socket.socket() as held:  # the asked-for port is taken: the next free one is used
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        run = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path), str(taken)],
-                             capture_output=True, text=True, timeout=800, env=ray_env)
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), str(taken),
+                                 str(looked)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=ray_env, cwd=REPO)
+        pages = None
+        try:
+            for line in proc.stdout:
+                if line.startswith("READY "):
+                    try:
+                        pages = _look_as_a_person(json.loads(line[6:]),
+                                                  ray_env["RAY_AUTH_TOKEN"], tmp_path)
+                    finally:
+                        looked.touch()
+                    break
+            out, err = proc.communicate(timeout=800)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["status"] == ["ok"]
@@ -112,3 +180,11 @@ def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
     assert any((p / "data").is_dir() for p in tmp_path.glob("watched/*/prometheus"))
     with pytest.raises(OSError):
         urllib.request.urlopen(seen["url"] + "/-/ready", timeout=3)
+    # what a person opens while it runs: the stage actor by name, and the RSS graph drawn
+    assert pages is not None, "the sweep never had an RSS series to show"
+    actors, graph = pages["actors"], pages["graph"]
+    assert actors.value is True, "the Actors page never listed omni-stage:watched:..."
+    assert graph.value is True, f"Prometheus never drew the RSS graph ({graph.errors})"
+    assert _own(actors.errors) == [] and _own(graph.errors) == [], (actors.errors, graph.errors)
+    for page in (actors, graph):
+        assert page.screenshot.read_bytes().startswith(b"\x89PNG")
