@@ -17,6 +17,7 @@ import traceback
 
 from omni_ray.engine.budget import MiB, kv_bytes_per_token
 from omni_ray.engine.launch import PHASE_MARK
+from omni_ray.lifetime import die_with_parent
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
@@ -248,23 +249,12 @@ def run(req: dict) -> dict:
     return out
 
 
-def die_with_parent() -> None:
-    """SIGKILL this engine when the process that launched it (the stage actor) dies."""
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def serve(run_fn, argv: list[str] | None = None, adjust=None) -> None:
     """``REQ.json OUT.json``: run ``run_fn(req)`` in this fresh process, write its result
     atomically (a failure becomes a result too) and exit. ``adjust`` may rewrite the request
     first. The environment is set before ``run_fn`` imports torch or vLLM."""
     argv = sys.argv[1:] if argv is None else argv
-    die_with_parent()
+    die_with_parent()  # SIGKILLed when the stage actor that launched it dies
     req_path, out_path = argv
     with open(req_path) as f:
         req = json.load(f)

@@ -9,6 +9,7 @@ metrics port a default may share) never mixes into them.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
@@ -20,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from omni_ray.errors import UserError
+from omni_ray.lifetime import die_with_parent
 
 DEFAULT_PORT = 9090
 DEBIAN_BINARY = Path("/usr/bin/prometheus")  # where Debian's package puts it, if not on PATH
@@ -113,7 +115,8 @@ class Prometheus:
             [self.binary, f"--config.file={cfg}", f"--storage.tsdb.path={self.data_dir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)  # Ctrl-C of the sweep reaches it through stop() only
+            start_new_session=True,  # Ctrl-C of the sweep reaches it through stop() only
+            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))  # and a SIGKILL
         log.close()
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:

@@ -188,3 +188,33 @@ def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
     assert _own(actors.errors) == [] and _own(graph.errors) == [], (actors.errors, graph.errors)
     for page in (actors, graph):
         assert page.screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+# A sweep's process that starts Prometheus, says its pid, then waits to be killed.
+KILLED_DRIVER = r"""
+import socket, sys, time
+from omni_ray.monitor.prometheus import Prometheus
+session, data = sys.argv[1], sys.argv[2]
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+prom = Prometheus(session, data, port=port).start()
+print(prom.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_prometheus_stops_when_the_sweep_is_sigkilled(tmp_path):
+    import psutil
+
+    session = tmp_path / "session_2026-01-01_00-00-00_000000_1"
+    session.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(session),
+                               str(tmp_path / "prometheus")], stdout=subprocess.PIPE, text=True)
+    try:
+        prom = psutil.Process(int(driver.stdout.readline()))
+        assert prom.name() == "prometheus"
+    finally:
+        driver.kill()  # no stop(), no atexit: only the kernel can stop it now
+        driver.wait()
+    prom.wait(timeout=30)  # psutil.TimeoutExpired here: it outlived the sweep
