@@ -29,8 +29,9 @@ SD_FILE = "prom_metrics_service_discovery.json"
 SCRAPE_S = 2  # the engine's RSS gauge moves every second; a 2 s scrape keeps its shape
 # omni-ray's metrics (ray.util.metrics names) and their kinds: the stage actor's gauges and the
 # coordinator's counter
-METRICS = {"omni_stage_rss_anon_mb": "gauge", "omni_stage_decode_tok_s": "gauge",
-           "omni_sweep_arms_done": "counter"}
+METRICS = {"omni_stage_rss_anon_mb": "gauge", "omni_stage_rss_peak_mb": "gauge",
+           "omni_stage_busy_fraction": "gauge", "omni_stage_decode_tok_s": "gauge",
+           "omni_sweep_arms_done": "counter", "omni_sweep_arms_running": "gauge"}
 INSTALL_HINT = ("--monitor: prometheus is not installed; install Debian's package: "
                 "apt-get install prometheus (nothing is downloaded at run time)")
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import last_phase, launch_arm
-from omni_ray.measure.cpuload import SLOT_MAX_AVG, check_idle
+from omni_ray.measure.cpuload import SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat, read_proc_stat
 from omni_ray.measure.pinning import bind_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.topology import detect, make_slots
 
-METRIC_TAGS = ("sweep", "arm", "slot")
+# The coordinator's tags, then the actor's own: where the slot is.
+METRIC_TAGS = ("sweep", "arm", "pass", "slot", "numa_node", "ray_node")
 
 
 def actor_name(sweep: str, arm_id: str, pass_no: int, slot: str) -> str:
@@ -36,16 +37,25 @@ class StageActor:
         self.topology = detect()
         by_name = {s.name: s for s in make_slots(self.topology, slot_cores)}
         self.slot = by_name[slot_name]
-        self.tags = tags
+        self.tags = tags | {"numa_node": str(self.slot.node),
+                            "ray_node": ray.get_runtime_context().get_node_id()[:12]}
         pin_all_threads(self.slot.cpus)
         self.membind = bind_memory(self.slot.node).to_dict()
-        self._rss = Gauge("omni_stage_rss_anon_mb", "RssAnon of the stage's engine tree (MiB)",
-                          tag_keys=METRIC_TAGS)
-        self._tok_s = Gauge("omni_stage_decode_tok_s", "decode tokens/s of the last arm",
-                            tag_keys=METRIC_TAGS)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, tag_keys=METRIC_TAGS)
+
+        self._rss = gauge("omni_stage_rss_anon_mb", "RssAnon of the stage's engine tree (MiB)")
+        self._peak = gauge("omni_stage_rss_peak_mb",
+                           "highest RssAnon of the engine tree so far in this arm (MiB)")
+        self._busy = gauge("omni_stage_busy_fraction",
+                           "busy fraction of the slot's CPUs since the last reading (0..1)")
+        self._tok_s = gauge("omni_stage_decode_tok_s", "decode tokens/s of the last arm")
         self._last_poll = 0.0
         self._engine_pid: int | None = None
         self._rss_now: float | None = None
+        self._rss_peak = 0.0
+        self._stat: dict | None = None
         self._phase = "starting"
         self._log: Path | None = None
         self._log_offset = 0
@@ -61,7 +71,14 @@ class StageActor:
         if now - self._last_poll >= 1.0:
             self._last_poll = now
             self._rss_now = tree_rss(pid)[0]
+            self._rss_peak = max(self._rss_peak, self._rss_now)
             self._rss.set(self._rss_now, tags=self.tags)
+            self._peak.set(self._rss_peak, tags=self.tags)
+            stat = parse_proc_stat(read_proc_stat())
+            if self._stat is not None:
+                busy = busy_between(self._stat, stat, self.slot.cpus)
+                self._busy.set(sum(busy.values()) / len(busy), tags=self.tags)
+            self._stat = stat
 
     def status(self) -> dict:
         """The running arm's phase (from the runner's phase lines in its log) and RSS now."""
@@ -80,6 +97,7 @@ class StageActor:
             warm_start: bool) -> dict:
         req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
+        self._rss_peak, self._stat = 0.0, None
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
                             warm_start=warm_start, on_poll=self._poll)
         tok_s = result.get("measurements", {}).get("decode_tok_s")

@@ -134,11 +134,13 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
 class Coordinator:
     def __init__(self, *, run_id: str, allow_busy: bool, events: Events,
                  busy_wait_s: float = BUSY_WAIT_S) -> None:
-        from ray.util.metrics import Counter
+        from ray.util.metrics import Counter, Gauge
 
         self.run_id, self.allow_busy, self.events = run_id, allow_busy, events
         self._arms_done = Counter("omni_sweep_arms_done", "arm passes finished, by status",
                                   tag_keys=("sweep", "status"))
+        self._arms_running = Gauge("omni_sweep_arms_running", "arm passes running now",
+                                   tag_keys=("sweep",))
 
         self.busy_wait_s = busy_wait_s
         self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
@@ -158,6 +160,7 @@ class Coordinator:
     def _write(self, task: Task, record: dict) -> None:
         write_json_atomic(task.record_path, record)
         self._arms_done.inc(tags={"sweep": task.sweep.name, "status": record["status"]})
+        self._count_running(task.sweep.name)
         self.records.append(record)
         self._emit(self.events.on_record, task, record)
 
@@ -178,7 +181,8 @@ class Coordinator:
 
     def _dispatch(self, task: Task, slot_res: str, slot_cores: int | None) -> None:
         slot_name = slot_res[len(resource_name(slot_cores, "")):]
-        tags = {"sweep": task.sweep.name, "arm": task.arm.id, "slot": slot_name}
+        tags = {"sweep": task.sweep.name, "arm": task.arm.id, "pass": str(task.pass_no),
+                "slot": slot_name}
         actor = StageActor.options(
             name=actor_name(task.sweep.name, task.arm.id, task.pass_no, slot_name),
             resources={slot_res: 1},
@@ -196,6 +200,11 @@ class Coordinator:
         ref = actor.run.remote(engine_request(task.arm, task.pass_no), str(task.out_dir / "logs"),
                                task.name, task.arm.timeout_s, task.arm.stage.warm_start)
         self.running[ref] = (task, slot_res, actor, t0, where, pf)
+        self._count_running(task.sweep.name)
+
+    def _count_running(self, sweep: str) -> None:
+        self._arms_running.set(sum(t.sweep.name == sweep for t, *_ in self.running.values()),
+                               tags={"sweep": sweep})
 
     def _progress(self) -> None:
         """Pass on the answers to the last status question; ask the running actors again

@@ -43,17 +43,24 @@ from omni_ray import events
 seen = {"rss": [], "lines": []}
 done = threading.Event()
 
+LIVE = ("ray_omni_stage_rss_anon_mb", "ray_omni_stage_rss_peak_mb",
+        "ray_omni_stage_busy_fraction", "ray_omni_sweep_arms_running")
+
+def query(url, q):
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode(
+                {"query": q}), timeout=5) as r:
+            return json.loads(r.read())["data"]["result"]
+    except OSError:
+        return []
+
 def ask(url, session):
-    q = f'ray_omni_stage_rss_anon_mb{{SessionName="{session}"}}'
+    live = {}
     while not done.is_set():
-        try:
-            with urllib.request.urlopen(f"{url}/api/v1/query?" + urllib.parse.urlencode(
-                    {"query": q}), timeout=5) as r:
-                result = json.loads(r.read())["data"]["result"]
-        except OSError:
-            result = []
-        if result:
-            seen["rss"] = result
+        for name in LIVE:
+            live[name] = live.get(name) or query(url, f'{name}{{SessionName="{session}"}}')
+        if all(live.values()):
+            seen["rss"], seen["live"] = live[LIVE[0]], live
             print("READY " + json.dumps({k: seen[k] for k in ("dashboard", "graphs")}),
                   flush=True)
             return
@@ -175,6 +182,16 @@ def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
     assert labels["__name__"] == "ray_omni_stage_rss_anon_mb"
     assert labels["sweep"] == "watched" and labels["SessionName"] == seen["session"]
     assert float(series["value"][1]) > 50  # MiB: an engine tree, not a placeholder
+    # every live stage series says where it runs; peak >= now; busy is a fraction
+    live = {name: result[0] for name, result in seen["live"].items()}
+    stage = {k: v for k, v in labels.items() if k in ("arm", "pass", "slot", "numa_node")}
+    assert stage["pass"] == "1" and stage["numa_node"] == "0" and labels["ray_node"]
+    for name in ("ray_omni_stage_rss_peak_mb", "ray_omni_stage_busy_fraction"):
+        assert {k: live[name]["metric"][k] for k in stage} == stage, name
+    assert float(live["ray_omni_stage_rss_peak_mb"]["value"][1]) >= 50
+    assert 0.0 <= float(live["ray_omni_stage_busy_fraction"]["value"][1]) <= 1.0
+    running = live["ray_omni_sweep_arms_running"]
+    assert running["metric"]["sweep"] == "watched" and float(running["value"][1]) == 1
     # its data is in the run directory, and it stopped with the sweep
     assert (tmp_path / "watched").is_dir()
     assert any((p / "data").is_dir() for p in tmp_path.glob("watched/*/prometheus"))

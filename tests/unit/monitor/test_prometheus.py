@@ -6,7 +6,7 @@ import pytest
 
 from omni_ray.cli import main
 from omni_ray.errors import UserError
-from omni_ray.monitor import prometheus
+from omni_ray.monitor import METRICS, prometheus
 from omni_ray.monitor.prometheus import Prometheus, config, find_prometheus, free_port
 
 
@@ -67,8 +67,9 @@ def test_graph_links_select_this_ray_session(tmp_path):
     (expr,) = urllib.parse.parse_qs(url.query)["g0.expr"]
     assert url.netloc == f"127.0.0.1:{prom.port}"
     assert expr == f'ray_omni_stage_rss_anon_mb{{SessionName="{session.name}"}}'
-    assert set(prom.graphs) == {"omni_stage_rss_anon_mb", "omni_stage_decode_tok_s",
-                                "omni_sweep_arms_done"}
+    assert set(prom.graphs) == set(METRICS) >= {
+        "omni_stage_rss_anon_mb", "omni_stage_rss_peak_mb", "omni_stage_busy_fraction",
+        "omni_stage_decode_tok_s", "omni_sweep_arms_done", "omni_sweep_arms_running"}
 
 
 def test_exported_names_follow_rays_prometheus_naming():
