@@ -113,3 +113,13 @@ def test_doctor_is_ok_only_with_every_patch_applied(monkeypatch):
     info["patches"]["aot_cache"] = {"applied": False, "reason": "target missing: x",
                                     "target": "t"}
     assert omni_ray.doctor()["ok"] is False
+
+
+def test_the_stage_verb_refuses_a_field_the_engine_has_no_meaning_for(fake_stage_engine, capsys):
+    from omni_ray import cli
+
+    rc = cli.main(["stage", "--engine", "llamacpp", "--kv-cache-mib", "16", "--no-detokenize"])
+    assert rc == 2 and fake_stage_engine == []
+    assert capsys.readouterr().err.strip() == (
+        "omni-ray stage: error: omni-ray stage: kv_cache_mib: has no meaning for engine "
+        "llamacpp (it sizes its own KV cache); leave it out, got 16")
