@@ -221,6 +221,7 @@ def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
                          status=result["status"], error=result.get("error"),
                          stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
                          extra={"slot": slot.to_dict(), "log": result.get("log"),
+                                "engine_report": result.get("engine_report"),
                                 "log_path": result.get("log_path")})
     if out is not None:
         write_json_atomic(out, record)

@@ -8,7 +8,8 @@ sampler, then drives the engine through a ``Session``:
     env = engine.environment(req)       # before torch, vLLM or a peer is imported or started
     facts = engine.load(session)        # import, build, load weights: "ready" when it returns
     measured = engine.run(session)      # the workload: the same metric names for every engine
-    extra = engine.report()             # record fields of its own (vllm_omni's patch report...)
+    extra = engine.report()             # record fields of its own: vLLM's patch_report and
+                                        # kernels; any other engine's under "engine_report"
 
 The launcher, the pinning, the sampler, the record and the summary never see which engine ran:
 every engine reports ``ttft_s``, ``prefill_tok_s`` (a ``prompt_len`` prompt, ``batch`` rows),

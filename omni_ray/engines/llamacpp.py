@@ -119,9 +119,9 @@ class LlamaCppEngine:
         return out
 
     def report(self) -> dict:
-        return {"llamacpp": {"build": self.llama.as_dict() if self.llama else None,
-                             "gguf": str(self.gguf) if self.gguf else None,
-                             "runs": self.runs}}
+        return {"engine_report": {
+            "llamacpp": {"build": self.llama.as_dict() if self.llama else None,
+                         "gguf": str(self.gguf) if self.gguf else None, "runs": self.runs}}}
 
 
 def _median_ts(record: dict) -> float:

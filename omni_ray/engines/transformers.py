@@ -96,7 +96,7 @@ class TransformersEngine:
         versions = {"transformers": self.transformers.__version__,
                     "torch": self.torch.__version__}
         self.model = None
-        return {"engine_versions": versions}
+        return {"engine_report": {"versions": versions}}
 
 
 ENGINE = TransformersEngine

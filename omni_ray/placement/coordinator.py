@@ -126,6 +126,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                           "coordinator_overhead_s": max(0.0, t_end - t_dispatch - engine_wall)},
                "preflight": preflight, "contended": contended,
                "patch_report": result.get("patch_report"), "kernels": result.get("kernels"),
+               "engine_report": result.get("engine_report"),
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
                "memory": result.get("memory")})

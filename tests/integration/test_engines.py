@@ -61,7 +61,7 @@ def test_one_sweep_runs_vllm_llamacpp_and_transformers_arms(llamacpp_buildable, 
         assert r["pinning"]["allowed_cpus"] == slot["cpus"] and len(slot["cpus"]) == 1
     # llama-bench ran as a child of the pinned runner, and its threads were read back
     assert recs["llamacpp"]["pinning"]["processes"] >= 2
-    assert recs["llamacpp"]["llamacpp"]["runs"][1]["n_depth"] == 16
+    assert recs["llamacpp"]["engine_report"]["llamacpp"]["runs"][1]["n_depth"] == 16
     assert recs["vllm"]["measurements"]["kv_cache_tokens"] > 0
     summary = report.summaries["engines"]
     assert set(summary["arms"]) == {a.id for a in report.arms}
