@@ -134,6 +134,10 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
         Coordinator, Events, already_done, host_lock, plan_tasks, resolve_models)
 
     resolve_models(arms)
+    from omni_ray import engines
+
+    for stage in dict.fromkeys(a.stage for a in arms):
+        engines.prepare(stage)  # a llama.cpp build or GGUF: once, before any arm's clock runs
     groups = plan_tasks(planned, passes)
     todo = {size: [t for t in tasks if not (resume and already_done(t))]
             for size, tasks in groups.items()}
@@ -192,8 +196,10 @@ def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
     engine that fails is a record with status and error, not an exception."""
     import tempfile
 
+    from omni_ray import engines
     from omni_ray.engine.budget import budget_problem
     from omni_ray.engine.launch import launch_arm
+    from omni_ray.engines.request import EngineRequest
     from omni_ray.results.record import make_record
     from omni_ray.results.store import write_json_atomic
     from omni_ray.topology import local_slots
@@ -206,15 +212,16 @@ def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
     if problem:
         raise UserError(problem)
     slot = local_slots(slot_cores)[0]
-    req = {"model": stage.model, "stage": stage.to_dict(), "workload": workload.to_dict(),
-           "cpus": list(slot.cpus), "node": slot.node}
+    engines.prepare(stage)
+    req = EngineRequest(stage=stage, workload=workload, cpus=tuple(slot.cpus), node=slot.node)
     work = Path(workdir) if workdir is not None else Path(
         tempfile.mkdtemp(prefix="omni-ray-stage-"))
     result = launch_arm(req, work, "stage", timeout_s=timeout_s)
-    record = make_record(kind="stage", config=req, measurements=result.get("measurements") or {},
+    record = make_record(kind="stage", config=req.to_dict(), measurements=result.get("measurements") or {},
                          status=result["status"], error=result.get("error"),
                          stderr_tail=result.get("stderr_tail"), pinning=result.get("pinning"),
                          extra={"slot": slot.to_dict(), "log": result.get("log"),
+                                "engine_report": result.get("engine_report"),
                                 "log_path": result.get("log_path")})
     if out is not None:
         write_json_atomic(out, record)

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     def in_process_eager(req: dict) -> dict:
         return dict(req, stage=dict(req["stage"], multiprocessing=False, enforce_eager=True))
 
-    serve(run, argv, adjust=in_process_eager)
+    serve(run, argv, adjust=in_process_eager, typed=False)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | Non
     from omni_ray.engine.runner import engine_env, engine_kwargs
     from omni_ray.measure.pinning import pin_all_threads
 
-    os.environ.update(engine_env({"stage": stage, "cpus": cpus}))
+    # the environment does not depend on the checkpoint: the shape names the model here
+    os.environ.update(engine_env({"model": model or shape, "stage": stage, "cpus": cpus}))
     if model:
         path = Path(model)
     else:

@@ -16,6 +16,7 @@ VERBS = {
     "doctor": ("doctor", "show versions and whether each vllm_omni patch is applied"),
     "topology": ("topology", "show NUMA nodes, cores, memory and the slots that would be made"),
     "quantize": ("quantize", "write a cpu_int4 (W4A16) checkpoint from a bf16 one"),
+    "peers": ("peers", "build a peer engine (llama.cpp) and its GGUFs ahead of a sweep"),
     "stage": ("stage", "run one arm on one slot (no sweep file)"),
     "sweep": ("sweep", "run sweep files across every free slot"),
     "report": ("report", "write a self-contained HTML report (or tables) of result runs"),

@@ -20,9 +20,19 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
     Equal configs give equal ids whatever the file looked like (key order, includes, which
     values came from an axis). The model enters as resolved: a directory by its absolute path.
     """
-    text = canonical_json({"sweep": sweep, "stage": stage.to_dict(),
+    text = canonical_json({"sweep": sweep, "stage": _id_stage(stage),
                            "workload": workload.to_dict(), "slot_cores": slot_cores})
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# Stage fields added after results were stored, at the value every earlier arm had: left out of
+# the id when they hold it, so those arms keep their ids (and --resume finds them).
+_ID_NEUTRAL = {"engine": "vllm"}
+
+
+def _id_stage(stage: StageConfig) -> dict[str, Any]:
+    return {k: v for k, v in stage.to_dict().items()
+            if not (k in _ID_NEUTRAL and v == _ID_NEUTRAL[k])}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,8 @@ from omni_ray.config.fields import Origin, Where
 from omni_ray.config.grid import expand
 from omni_ray.config.schema import (
     NOISE_FIELDS, PLACEMENT_FIELDS, STAGE_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig,
-    PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage)
+    PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage,
+    check_workload_for)
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
@@ -58,6 +59,8 @@ def _build(doc: Document, where: Where) -> SweepConfig:
     matrix, zip_groups = check_axes(data.get("matrix"), data.get("zip"), where)
 
     swept = {**matrix, **{k: v for group in zip_groups for k, v in group.items()}}
+    if "kv_cache_mib" not in stage and "kv_cache_mib" in swept:
+        stage["kv_cache_mib"] = swept["kv_cache_mib"][0]  # as below; engines decide if needed
     for key in STAGE_REQUIRED:
         if key in stage:
             continue
@@ -95,6 +98,7 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
         s, w = arm.stage, arm.workload
         which = "" if arm.label == "base" else f" (arm {arm.label})"
         check_stage(s, where / "stage", which)
+        check_workload_for(s, w, where / "workload", which)
         if w.prompt_len + w.output_len > s.max_model_len:
             raise (where / "workload").error(
                 f"prompt_len + output_len = {w.prompt_len + w.output_len} exceeds "

@@ -15,11 +15,14 @@ from typing import Any
 from omni_ray.config import fields as f
 from omni_ray.config.fields import FrozenDict, Where, thaw
 
+ENGINES = ("vllm", "llamacpp", "transformers")
+
 STAGE_FIELDS: dict[str, f.Check] = {
     "model": f.model,
+    "engine": f.choice(*ENGINES),
     "dtype": f.choice("bfloat16", "float32", "float16"),
-    "quantization": f.optional(f.choice("cpu_int4")),
-    "kv_cache_mib": f.integer(gt=0),
+    "quantization": f.optional(f.choice("cpu_int4", "Q8_0", "Q4_0")),
+    "kv_cache_mib": f.optional(f.integer(gt=0)),
     "max_model_len": f.integer(gt=0),
     "max_num_seqs": f.integer(gt=0),
     "enforce_eager": f.boolean,
@@ -31,7 +34,37 @@ STAGE_FIELDS: dict[str, f.Check] = {
     "serial_kernels": f.boolean,
     "engine_args": f.engine_args,
 }
-STAGE_REQUIRED = ("model", "kv_cache_mib")
+STAGE_REQUIRED = ("model",)
+# Required for these engines only (vLLM's explicit KV budget); other engines refuse it.
+ENGINE_REQUIRED = {"vllm": ("kv_cache_mib",), "llamacpp": (), "transformers": ()}
+
+# The stage fields each engine gives a meaning to. Any other field must stay at its default on
+# that engine's arms: a value it would silently ignore is refused instead. llama.cpp and
+# transformers size their own KV cache, compile nothing and load no vllm_omni patch.
+_COMMON_STAGE = ("model", "engine", "dtype", "quantization", "max_model_len", "env")
+ENGINE_STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "vllm": tuple(STAGE_FIELDS),
+    "llamacpp": _COMMON_STAGE,
+    "transformers": _COMMON_STAGE,
+}
+# quantization values per engine (None: the dtype's weights as they are)
+ENGINE_QUANTIZATION: dict[str, tuple[str | None, ...]] = {
+    "vllm": (None, "cpu_int4"),
+    "llamacpp": (None, "Q8_0", "Q4_0"),
+    "transformers": (None,),
+}
+# Why a field has no meaning on an engine: the end of its refusal.
+_NO_MEANING_WHY = {
+    "kv_cache_mib": "it sizes its own KV cache",
+    "max_num_seqs": "it runs one sequence per batch row",
+    "enforce_eager": "it compiles nothing",
+    "multiprocessing": "it has no EngineCore process",
+    "disable_patches": "vllm_omni's patches are vLLM's",
+    "warm_start": "it compiles nothing",
+    "cpp_wrapper": "it compiles nothing",
+    "serial_kernels": "it compiles nothing",
+    "engine_args": "they are vllm.LLM's",
+}
 
 WORKLOAD_FIELDS: dict[str, f.Check] = {
     "prompt_len": f.integer(gt=0),
@@ -80,12 +113,13 @@ def _plain(value: object) -> object:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StageConfig(_Config):
-    """One vLLM CPU engine: what it loads and how it is built."""
+    """One engine (vLLM by default): what it loads and how it is built."""
 
     model: str                      # a shape name from SHAPES, or an absolute model directory
+    engine: str = "vllm"            # vllm | llamacpp | transformers (omni_ray/engines/)
     dtype: str = "bfloat16"         # bfloat16 | float32 | float16
-    quantization: str | None = None  # None | "cpu_int4"
-    kv_cache_mib: int               # explicit KV budget (vLLM's kv_cache_memory_bytes / 2**20)
+    quantization: str | None = None  # None | "cpu_int4" (vllm) | "Q8_0" | "Q4_0" (llamacpp)
+    kv_cache_mib: int | None = None  # vllm: explicit KV budget (kv_cache_memory_bytes / 2**20)
     max_model_len: int = 1024
     max_num_seqs: int = 8
     enforce_eager: bool = True
@@ -266,7 +300,9 @@ def stage_from_dict(d: Mapping[str, Any], source: str = "<dict>", *,
 
 
 def check_stage(stage: StageConfig, where: Where, which: str = "") -> None:
-    """Limits that span a stage's fields (``which`` names the arm, for sweeps)."""
+    """Limits that span a stage's fields (``which`` names the arm, for sweeps). ``where`` is
+    the stage's position (``stage`` in a file, the root for a stage given alone)."""
+    check_engine_fields(stage, where, which)
     names = stage.env.get("VLLM_USE_LAYERNAME", "0")
     if stage.cpp_wrapper and names != "0":
         raise where.error("cpp_wrapper needs plain layer names; env.VLLM_USE_LAYERNAME must be "
@@ -275,6 +311,57 @@ def check_stage(stage: StageConfig, where: Where, which: str = "") -> None:
         raise where.error("serial_kernels needs the inductor_config patch (stock vLLM on CPU "
                           f"overwrites cpp.dynamic_threads); keep it out of disable_patches{which}",
                           list(stage.disable_patches))
+
+
+_STAGE_DEFAULTS = {fl.name: (fl.default if fl.default is not dataclasses.MISSING
+                               else fl.default_factory())  # type: ignore[misc]
+                   for fl in dataclasses.fields(StageConfig)
+                   if fl.default is not dataclasses.MISSING
+                   or fl.default_factory is not dataclasses.MISSING}
+
+
+def check_engine_fields(stage: StageConfig, where: Where, which: str = "") -> None:
+    """The fields ``stage.engine`` needs are there; those it has no meaning for are not."""
+    engine = stage.engine
+    for key in ENGINE_REQUIRED[engine]:
+        if getattr(stage, key) is None:
+            raise (where / key).error(f"required field missing for engine {engine}{which}")
+    for key in STAGE_FIELDS:
+        if key in ENGINE_STAGE_FIELDS[engine] or key not in _STAGE_DEFAULTS:
+            continue
+        value = getattr(stage, key)
+        if value != _STAGE_DEFAULTS[key]:
+            raise (where / key).error(f"has no meaning for engine {engine} "
+                                      f"({_NO_MEANING_WHY.get(key, 'it does not use it')}); "
+                                      f"leave it out{which}", thaw(value))
+    if stage.quantization not in ENGINE_QUANTIZATION[engine]:
+        allowed = ", ".join(str(q) for q in ENGINE_QUANTIZATION[engine] if q) or "none"
+        raise (where / "quantization").error(
+            f"not a quantization of engine {engine} (allowed: {allowed}){which}",
+            stage.quantization)
+
+
+def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Where,
+                       which: str = "") -> None:
+    """Workload fields an engine cannot honour with the same meaning as vLLM's.
+
+    llama.cpp runs through llama-bench: one sequence (no batch), token ids only (it never
+    detokenizes), and its decode runs after ``prompt_len`` tokens of context (``-d``), so a
+    separate ``context_len`` fill has no counterpart."""
+    if stage.engine != "llamacpp":
+        return
+    if workload.batch != 1:
+        raise (where / "batch").error(
+            f"must be 1 for engine llamacpp (llama-bench runs one sequence){which}",
+            workload.batch)
+    if workload.context_len:
+        raise (where / "context_len").error(
+            "has no meaning for engine llamacpp (its decode runs after prompt_len tokens, "
+            f"llama-bench -d); leave it out{which}", workload.context_len)
+    if workload.detokenize:
+        raise (where / "detokenize").error(
+            "must be false for engine llamacpp (llama-bench never detokenizes; "
+            f"false measures every engine on token ids){which}", workload.detokenize)
 
 
 def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:

@@ -19,8 +19,12 @@ def kv_bytes_per_token(model_dir: str | Path, dtype: str = "bfloat16") -> int:
 
 
 def budget_problem(stage) -> str | None:
-    """Why a stage's KV budget cannot work here (checked before an engine starts), or None."""
+    """Why a stage's KV budget cannot work here (checked before an engine starts), or None.
+    An engine without an explicit budget (llama.cpp, transformers) has nothing to check."""
     import psutil
+
+    if stage.kv_cache_mib is None:
+        return None
 
     from omni_ray.models.build import resolve_model
 

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from omni_ray.engines import PHASE_MARK  # noqa: F401 - the phase lines _PHASE reads
+from omni_ray.engines.request import EngineRequest
 from omni_ray.results.store import write_json_atomic
 from vllm_omni import events
 
@@ -50,9 +52,8 @@ _MARKERS = {
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 
 
-# The runner says where it is in its log, one line each: "loading" (building vllm.LLM) and
-# "measuring" (the workload); before the first, the process is "starting" (imports).
-PHASE_MARK = "omni-ray phase: "
+# The runner says where it is in its log, one line each (PHASE_MARK): "loading" (building the
+# engine) and "measuring" (the workload); before the first, the process is "starting" (imports).
 _PHASE = re.compile(r"^omni-ray phase: (\w+)$", re.M)
 
 
@@ -87,13 +88,13 @@ def _death_cause(code: int) -> str:
     return f"engine process exited with code {code} before writing a result"
 
 
-def run_engine(req: dict, workdir: Path, name: str, *, timeout_s: float,
+def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
                on_poll: Callable[[int], None] | None = None) -> dict:
     """One engine process for ``req``; returns the runner's result plus exit and log facts."""
     workdir.mkdir(parents=True, exist_ok=True)
     req_path, out_path = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
     log_path = workdir / f"{name}.log"
-    write_json_atomic(req_path, req)
+    write_json_atomic(req_path, req.to_dict() if isinstance(req, EngineRequest) else req)
     out_path.unlink(missing_ok=True)
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
@@ -135,22 +136,25 @@ def _kill_leftovers(pgid: int) -> None:
         pass
 
 
-def launch_arm(req: dict, workdir: Path, name: str, *, timeout_s: float,
+def launch_arm(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
                warm_start: bool = False,
                on_poll: Callable[[int], None] | None = None) -> dict:
     """Run an arm with a compile cache of its own; ``warm_start`` primes it with one start first.
 
     A cache of its own means a compiled arm's start is cold or warm because the config says so,
-    not because of what ran before it.
+    not because of what ran before it. A plain dict (a developer probe's) becomes the typed
+    ``EngineRequest`` here, validated, before anything starts.
     """
+    import dataclasses
+
     cache = workdir / f"{name}.vllm-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    req = dict(req, compile_cache_dir=str(cache))
+    req = dataclasses.replace(EngineRequest.coerce(req), compile_cache_dir=str(cache))
     deadline = time.monotonic() + timeout_s
     prime = None
     try:
         if warm_start:
-            prime = run_engine(dict(req, workload=None), workdir, f"{name}.prime",
+            prime = run_engine(dataclasses.replace(req, workload=None), workdir, f"{name}.prime",
                                timeout_s=timeout_s, on_poll=on_poll)
             if prime["status"] != "ok":
                 prime["error"] = f"warm-start priming failed: {prime.get('error')}"

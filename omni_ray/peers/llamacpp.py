@@ -695,6 +695,103 @@ def bench(gguf: str | os.PathLike, *, threads: int | Sequence[int],
     return [r.as_dict() for r in records]
 
 
+# ------------------------------------------------------------------------- GGUFs by content hash
+
+# GGUF types a sweep may ask for: the converter's 16/32-bit outtypes, and llama-quantize's types
+# made from the bf16 GGUF.
+GGUF_OUTTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+GGUF_QTYPES = ("Q8_0", "Q4_0")
+_DIGEST_CHUNK = 1 << 22
+
+
+def model_digest(hf_dir: str | os.PathLike) -> str:
+    """sha256 over a Hugging Face directory's files (names and contents, sorted): the same
+    weights, config and tokenizer give the same GGUF. A memo beside the cache keys it on every
+    file's (size, mtime_ns), so an unchanged directory is not read again."""
+    hf_dir = Path(hf_dir).resolve()
+    files = sorted(p for p in hf_dir.rglob("*") if p.is_file() and not p.name.startswith("."))
+    stat_key = hashlib.sha256(json.dumps(
+        [str(hf_dir)] + [[str(p.relative_to(hf_dir)), p.stat().st_size, p.stat().st_mtime_ns]
+                         for p in files]).encode()).hexdigest()
+    memo = default_cache_dir() / "gguf" / "digests" / stat_key
+    if memo.is_file():
+        return memo.read_text().strip()
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(hf_dir)).encode() + b"\0")
+        with open(p, "rb") as f:
+            while chunk := f.read(_DIGEST_CHUNK):
+                h.update(chunk)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(digest + "\n")
+    return digest
+
+
+def gguf_path(hf_dir: str | os.PathLike, dtype: str, qtype: str | None,
+              llama: LlamaCpp) -> Path:
+    """Where the GGUF of ``hf_dir`` at ``dtype`` (``qtype``: quantized from it) is cached: keyed
+    on the model's content, the llama.cpp source that converts and quantizes, and the types."""
+    key = hashlib.sha256(f"{model_digest(hf_dir)}:{llama.source_digest}".encode()).hexdigest()
+    name = f"model-{GGUF_OUTTYPES[dtype]}" + (f"-{qtype}" if qtype else "") + ".gguf"
+    return default_cache_dir() / "gguf" / key[:16] / name
+
+
+def ensure_gguf(hf_dir: str | os.PathLike, dtype: str = "bfloat16", qtype: str | None = None,
+                *, log=None) -> Path:
+    """The GGUF of ``hf_dir``: converted at ``dtype`` (bf16, f16, f32), then quantized to
+    ``qtype`` (Q8_0, Q4_0) when given; each made once and cached by content hash
+    (``gguf_path``). ``log`` gets a progress line before each slow step (build, convert,
+    quantize)."""
+    if dtype not in GGUF_OUTTYPES:
+        raise UserError(f"llama.cpp gguf: dtype must be one of {', '.join(GGUF_OUTTYPES)}, "
+                        f"got {dtype!r}")
+    if qtype is not None and qtype not in GGUF_QTYPES:
+        raise UserError(f"llama.cpp gguf: type must be one of {', '.join(GGUF_QTYPES)}, "
+                        f"got {qtype!r}")
+    say = log or (lambda line: None)
+    llama = ensure_built_announced(say)
+    base = gguf_path(hf_dir, dtype, None, llama)
+    with _locked(base.parent / "convert.lock"):
+        if not base.is_file():
+            say(f"omni-ray: converting {hf_dir} to GGUF {GGUF_OUTTYPES[dtype]} (once) -> {base}")
+            convert(hf_dir, base, GGUF_OUTTYPES[dtype])
+        if qtype is None:
+            return base
+        out = gguf_path(hf_dir, dtype, qtype, llama)
+        if not out.is_file():
+            say(f"omni-ray: quantizing GGUF to {qtype} (once) -> {out}")
+            quantize(base, out, qtype)
+    return out
+
+
+def is_built(cache_dir: Path | None = None) -> bool:
+    """Whether ``ensure_built`` would return at once (both binaries, same flags, same CPU)."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    try:
+        isa = envs.llamacpp_isa()
+    except ValueError:
+        return False
+    work = _work_dir(cache_dir)
+    name = _build_name(isa)
+    record = work / f"{name}.json"
+    if not record.is_file() or not all(os.access(work / name / "bin" / b, os.X_OK)
+                                       for b in BINARIES):
+        return False
+    info = json.loads(record.read_text())
+    return (info.get("host_cpu") == host_cpu()
+            and tuple(info.get("cmake_flags", ())) == _cmake_flags(work, isa))
+
+
+def ensure_built_announced(log) -> LlamaCpp:
+    """``ensure_built`` with a progress line first when it is going to build."""
+    if not is_built():
+        log(f"omni-ray: building llama.cpp {PYDIST_VERSION} once into "
+            f"{_work_dir(default_cache_dir())} (~6 min on 2 cores; "
+            "`omni-ray peers build llamacpp` does it ahead)")
+    return ensure_built()
+
+
 # ------------------------------------------------------------------------------ the best setting
 
 # What llama.cpp's users tune on a CPU and llama-bench can sweep in one run: flash attention

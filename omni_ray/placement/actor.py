@@ -8,6 +8,7 @@ every thread of its tree. One actor per arm and pass, named for the dashboard.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -16,7 +17,9 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import last_phase, launch_arm
-from omni_ray.measure.cpuload import SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat, read_proc_stat
+from omni_ray.engines.request import EngineRequest
+from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
+                                      read_proc_stat)
 from omni_ray.measure.pinning import bind_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.topology import detect, make_slots
@@ -93,9 +96,9 @@ class StageActor:
     def preflight(self, window_s: float = 0.5) -> dict:
         return check_idle(self.slot.cpus, window_s, max_avg=SLOT_MAX_AVG).to_dict()
 
-    def run(self, req: dict, workdir: str, name: str, timeout_s: float,
+    def run(self, req: EngineRequest, workdir: str, name: str, timeout_s: float,
             warm_start: bool) -> dict:
-        req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node)
+        req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         self._rss_peak, self._stat = 0.0, None
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,

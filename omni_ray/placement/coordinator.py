@@ -21,6 +21,7 @@ import ray
 
 from omni_ray import envs
 from omni_ray.config import Arm, SweepConfig
+from omni_ray.engines.request import EngineRequest
 from omni_ray.errors import UserError
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
@@ -102,9 +103,8 @@ def resolve_models(arms: Sequence[Arm]) -> None:
         resolve_model(model)
 
 
-def engine_request(arm: Arm, seed: int) -> dict:
-    return {"model": arm.stage.model, "stage": arm.stage.to_dict(),
-            "workload": arm.workload.to_dict(), "seed": seed}
+def engine_request(arm: Arm, seed: int) -> EngineRequest:
+    return EngineRequest.for_arm(arm, seed)
 
 
 def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
@@ -126,6 +126,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                           "coordinator_overhead_s": max(0.0, t_end - t_dispatch - engine_wall)},
                "preflight": preflight, "contended": contended,
                "patch_report": result.get("patch_report"), "kernels": result.get("kernels"),
+               "engine_report": result.get("engine_report"),
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
                "memory": result.get("memory")})

@@ -75,8 +75,8 @@ def test_run_stage_launches_one_arm_on_the_first_slot_and_writes_its_record(
                                 {"output_len": 4}, timeout_s=30.0, out=out,
                                 workdir=tmp_path / "work")
     ((req, timeout_s),) = fake_stage_engine
-    assert timeout_s == 30.0 and req["workload"]["output_len"] == 4
-    assert req["stage"]["kv_cache_mib"] == 16 and req["cpus"] == record["slot"]["cpus"]
+    assert timeout_s == 30.0 and req.workload.output_len == 4
+    assert req.stage.kv_cache_mib == 16 and list(req.cpus) == record["slot"]["cpus"]
     assert record["kind"] == "stage" and record["status"] == "ok"
     assert record["measurements"]["decode_tok_s"] == 12.5
     assert record["log"] == {"greedy_argmax": 1}
@@ -98,7 +98,7 @@ def test_the_stage_verb_is_the_api_call(fake_stage_engine, capsys):
     rc = cli.main(["stage", "--kv-cache-mib", "16", "--max-model-len", "256",
                    "--output-len", "4", "--timeout", "30"])
     ((req, timeout_s),) = fake_stage_engine
-    assert rc == 0 and timeout_s == 30.0 and req["workload"]["output_len"] == 4
+    assert rc == 0 and timeout_s == 30.0 and req.workload.output_len == 4
     assert '"decode_tok_s": 12.5' in capsys.readouterr().out
 
 
@@ -113,3 +113,13 @@ def test_doctor_is_ok_only_with_every_patch_applied(monkeypatch):
     info["patches"]["aot_cache"] = {"applied": False, "reason": "target missing: x",
                                     "target": "t"}
     assert omni_ray.doctor()["ok"] is False
+
+
+def test_the_stage_verb_refuses_a_field_the_engine_has_no_meaning_for(fake_stage_engine, capsys):
+    from omni_ray import cli
+
+    rc = cli.main(["stage", "--engine", "llamacpp", "--kv-cache-mib", "16", "--no-detokenize"])
+    assert rc == 2 and fake_stage_engine == []
+    assert capsys.readouterr().err.strip() == (
+        "omni-ray stage: error: omni-ray stage: kv_cache_mib: has no meaning for engine "
+        "llamacpp (it sizes its own KV cache); leave it out, got 16")

@@ -204,7 +204,7 @@ def test_cpp_wrapper_reaches_every_vllm_arm_and_the_runner_applies_it_to_compile
     vllm = [a for a in int4_peers.arm_table(art, cpp_wrapper=True) if a["engine"] == "vllm"]
     assert len(vllm) == 8 and all(a["stage"]["cpp_wrapper"] is True for a in vllm)
     applied = {a["id"]: "cpp_wrapper" in engine_kwargs(
-        {"model_path": "m", "stage": a["stage"]}).get("compilation_config", {}).get(
+        {"model": "tiny", "model_path": "m", "stage": a["stage"]}).get("compilation_config", {}).get(
         "inductor_compile_config", {}) for a in vllm}
     assert applied == {a["id"]: a["mode"] == "compiled" for a in vllm}
     assert int4_peers.build_parser().parse_args(["--cpp-wrapper"]).cpp_wrapper is True
@@ -215,7 +215,7 @@ def test_serial_kernels_reach_every_compiled_vllm_arm():
 
     art = {"model": "m", "int4": "q", "gguf": {"bf16": {"path": "a"}, "Q4_0": {"path": "b"}}}
     vllm = [a for a in int4_peers.arm_table(art, serial_kernels=True) if a["engine"] == "vllm"]
-    applied = {a["id"]: engine_kwargs({"model_path": "m", "stage": a["stage"]}).get(
+    applied = {a["id"]: engine_kwargs({"model": "tiny", "model_path": "m", "stage": a["stage"]}).get(
         "compilation_config", {}).get("inductor_compile_config", {}).get("cpp.threads")
         for a in vllm}
     assert applied == {a["id"]: 1 if a["mode"] == "compiled" else None for a in vllm}

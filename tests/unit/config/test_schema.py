@@ -38,10 +38,10 @@ def test_other_defaults() -> None:
 
 @pytest.mark.parametrize(("d", "match"), [
     ({"kv_cache_mib": 64}, r"^<dict>: model: required field missing$"),
-    ({"model": "tiny"}, r"^<dict>: kv_cache_mib: required field missing$"),
+    ({"model": "tiny"}, r"^<dict>: kv_cache_mib: required field missing for engine vllm$"),
     ({"model": "tiny", "kv_cache_mib": 0}, r"^<dict>: kv_cache_mib: must be > 0, got 0$"),
     ({"model": "tiny", "kv_cache_mib": 1, "batch": 2},
-     r"^<dict>: batch: unknown key \(belongs under workload:\); allowed: model, dtype"),
+     r"^<dict>: batch: unknown key \(belongs under workload:\); allowed: model, engine, dtype"),
     ({"model": "tiny", "kv_cache_mib": 1, "engine_args": {"dtype": "half"}},
      r"engine_args\.dtype: duplicates a typed field; set stage\.dtype instead"),
     ({"model": "tiny", "kv_cache_mib": 1, "engine_args": {

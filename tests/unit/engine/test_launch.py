@@ -133,7 +133,8 @@ def test_death_causes_name_the_signal():
 
 
 def test_engine_env_pins_threads_and_switches_patches():
-    env = engine_env({"stage": {"multiprocessing": False, "disable_patches": ["kv_budget"],
+    env = engine_env({"model": "tiny", "stage": {"kv_cache_mib": 64, "multiprocessing": False,
+                                "disable_patches": ["kv_budget"],
                                 "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
                       "cpus": [2, 3], "compile_cache_dir": "/c"})
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -144,14 +145,14 @@ def test_engine_env_pins_threads_and_switches_patches():
 
 
 def test_engine_kwargs_turn_mib_into_bytes_and_pass_engine_args_through():
-    kw = engine_kwargs({"model_path": "/m", "stage": {
+    kw = engine_kwargs({"model": "tiny", "model_path": "/m", "stage": {
         "kv_cache_mib": 64, "quantization": "cpu_int4", "engine_args": {"block_size": 32}}})
     assert kw["kv_cache_memory_bytes"] == 64 << 20 and kw["quantization"] == "cpu_int4"
     assert kw["block_size"] == 32 and kw["enable_prefix_caching"] is False
 
 
 def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_only():
-    compiled = {"model_path": "/m", "stage": {
+    compiled = {"model": "tiny", "model_path": "/m", "stage": {
         "kv_cache_mib": 64, "enforce_eager": False, "cpp_wrapper": True,
         "engine_args": {"compilation_config": {"inductor_compile_config": {"dce": False},
                                                "mode": 3}}}}
@@ -164,7 +165,8 @@ def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_onl
         "mode": 3, "inductor_compile_config": {"cpp_wrapper": True}}
     eager = dict(compiled, stage=dict(compiled["stage"], enforce_eager=True))
     assert engine_env(eager)["VLLM_USE_LAYERNAME"] == "0"  # the default, for the C++ attention
-    vllm_names = dict(eager, stage=dict(eager["stage"], env={"VLLM_USE_LAYERNAME": "1"}))
+    vllm_names = dict(eager, stage=dict(eager["stage"], cpp_wrapper=False,
+                                        env={"VLLM_USE_LAYERNAME": "1"}))
     assert engine_env(vllm_names)["VLLM_USE_LAYERNAME"] == "1"
     assert "cpp_wrapper" not in engine_kwargs(eager)["compilation_config"].get(
         "inductor_compile_config", {})
@@ -175,13 +177,13 @@ def test_cpp_wrapper_sets_inductor_and_plain_layer_names_for_compiled_stages_onl
 def test_serial_kernels_turn_off_inductor_threads_for_compiled_stages_only():
     stage = {"kv_cache_mib": 64, "enforce_eager": False, "serial_kernels": True,
              "engine_args": {"compilation_config": {"inductor_compile_config": {"dce": False}}}}
-    kw = engine_kwargs({"model_path": "/m", "stage": stage})
+    kw = engine_kwargs({"model": "tiny", "model_path": "/m", "stage": stage})
     assert kw["compilation_config"]["inductor_compile_config"] == {
         "dce": False, "cpp.dynamic_threads": False, "cpp.threads": 1}
-    both = engine_kwargs({"model_path": "/m", "stage": dict(stage, cpp_wrapper=True)})
+    both = engine_kwargs({"model": "tiny", "model_path": "/m", "stage": dict(stage, cpp_wrapper=True)})
     assert both["compilation_config"]["inductor_compile_config"] == {
         "dce": False, "cpp_wrapper": True, "cpp.dynamic_threads": False, "cpp.threads": 1}
-    eager = engine_kwargs({"model_path": "/m", "stage": dict(stage, enforce_eager=True)})
+    eager = engine_kwargs({"model": "tiny", "model_path": "/m", "stage": dict(stage, enforce_eager=True)})
     assert eager["compilation_config"]["inductor_compile_config"] == {"dce": False}
 
 
@@ -209,3 +211,19 @@ def test_an_engine_past_its_timeout_is_killed(monkeypatch, tmp_path):
     _fake_engine(monkeypatch, "import time; time.sleep(60)")
     r = launch.run_engine({"stage": {}}, tmp_path, "x", timeout_s=1)
     assert r["status"] == "timeout" and "timeout_s=1" in r["error"] and r["wall_s"] < 10
+
+
+def test_a_plain_request_is_checked_by_the_schema_before_any_engine_starts():
+    from omni_ray.engines.request import EngineRequest
+    from omni_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^engine request: kv_cache_mib: must be > 0, got 0$"):
+        EngineRequest.from_dict({"model": "tiny", "stage": {"kv_cache_mib": 0}})
+    with pytest.raises(ConfigError, match=r"^engine request: kv_cache_mib: has no meaning "
+                                          r"for engine llamacpp"):
+        EngineRequest.from_dict({"model": "tiny", "stage": {"engine": "llamacpp",
+                                                            "kv_cache_mib": 64}})
+    req = EngineRequest.from_dict({"model": "tiny", "stage": {"kv_cache_mib": 64},
+                                   "workload": {"output_len": 4}, "cpus": [1]})
+    assert EngineRequest.from_dict(req.to_dict()) == req
+    assert req.workload.repeats == 3 and req.stage.max_model_len == 1024  # the schema's defaults

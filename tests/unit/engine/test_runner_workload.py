@@ -4,6 +4,7 @@ import types
 
 import pytest
 
+from omni_ray.config import WorkloadConfig
 from omni_ray.engine.runner import run_workload
 
 
@@ -30,7 +31,7 @@ def test_every_request_carries_the_workloads_detokenize(detokenize):
     llm = RecordingLLM()
     wl = {"batch": 1, "prompt_len": 8, "output_len": 4, "warmup": 1, "repeats": 2,
           "context_len": 16, "detokenize": detokenize}
-    out = run_workload(llm, wl, vocab_size=1000, sampler=NoSampler(), seed=0)
+    out = run_workload(llm, WorkloadConfig(**wl), vocab_size=1000, sampler=NoSampler(), seed=0)
     assert len(llm.params) == 1 + 1 + 2 * 2  # warm-up, context fill, repeats of 1 and N tokens
     assert {p.detokenize for p in llm.params} == {detokenize}
     assert {p.temperature for p in llm.params} == {0.0}
@@ -39,6 +40,6 @@ def test_every_request_carries_the_workloads_detokenize(detokenize):
 
 def test_detokenize_defaults_to_vllms_own_default():
     llm = RecordingLLM()
-    run_workload(llm, {"batch": 1, "prompt_len": 8, "output_len": 4, "warmup": 0, "repeats": 1},
+    run_workload(llm, WorkloadConfig(batch=1, prompt_len=8, output_len=4, warmup=0, repeats=1),
                  vocab_size=1000, sampler=NoSampler(), seed=0)
     assert {p.detokenize for p in llm.params} == {True}

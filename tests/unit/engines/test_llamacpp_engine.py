@@ -1,0 +1,119 @@
+"""The llama.cpp engine's figures from llama-bench's JSON, against a stand-in llama-bench (a
+script that answers like it): the metric names vLLM's records use, medians over repetitions,
+the command it runs, the pinning read back while it runs. Nothing is built here."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from omni_ray.config import StageConfig, WorkloadConfig
+from omni_ray.engines import Session, load_engine
+from omni_ray.engines.request import EngineRequest
+
+FIXTURE = Path(__file__).resolve().parents[1] / "peers" / "fixtures" / "llama_bench_tiny_q4_0.json"
+
+# Answers one test like llama-bench -o json: samples 100, 300, 200 tok/s for prefill (-n 0),
+# 10, 30, 20 for decode; the argv is kept beside it for the test to read.
+FAKE = """#!{python}
+import json, sys
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+row = json.load(open({fixture!r}))[0]
+row.update(n_prompt=int(value("-p")), n_gen=int(value("-n")),
+           n_depth=int(value("-d")) if "-d" in args else 0, n_threads=int(value("-t")))
+row["samples_ts"] = [100.0, 300.0, 200.0] if row["n_gen"] == 0 else [10.0, 30.0, 20.0]
+row["avg_ts"] = sum(row["samples_ts"]) / 3
+open({argv_log!r}, "a").write(json.dumps(args) + "\\n")
+print(json.dumps([row]))
+"""
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self.marks: list[str] = []
+
+    def mark(self, label: str) -> None:
+        self.marks.append(label)
+
+    def peak_anon_mb(self, start=None, end=None) -> float:
+        return {("decode_start", "decode_end"): 42.0}.get((start, end), 50.0)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    argv_log = tmp_path / "argv.jsonl"
+    bench = tmp_path / "llama-bench"
+    bench.write_text(FAKE.format(python=sys.executable, fixture=str(FIXTURE),
+                                 argv_log=str(argv_log)))
+    bench.chmod(bench.stat().st_mode | stat.S_IEXEC)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"\0" * 4096)
+    eng = load_engine("llamacpp")()
+    eng.llama = types.SimpleNamespace(llama_bench=bench, as_dict=lambda: {"version": "x"})
+    eng.gguf = gguf
+    return eng, argv_log
+
+
+def test_llamacpp_reports_vllms_metric_names_as_medians(engine, tmp_path):
+    eng, argv_log = engine
+    req = EngineRequest(stage=StageConfig(model="tiny", engine="llamacpp", quantization="Q4_0"),
+                        workload=WorkloadConfig(prompt_len=64, output_len=8, repeats=3,
+                                                warmup=0, detokenize=False), cpus=(0, 1))
+    reads = []
+    session = Session(req, str(tmp_path), Sampler(), lambda: reads.append(1))
+    m = eng.run(session)
+    assert m["prefill_tok_s"] == 200.0 and m["ttft_s"] == pytest.approx(64 / 200.0)
+    assert m["decode_tok_s"] == 20.0 and m["decode_ms_per_token"] == pytest.approx(50.0)
+    assert m["rss_anon_tree_mb"] == 42.0  # the tree's peak while the decode test ran
+    assert m["decode_weight_bytes_per_token"] == 4096
+    assert len(m["engine_pids"]) == 2 and reads  # pinning read while llama-bench ran
+    assert session.sampler.marks == ["prefill_start", "prefill_end", "decode_start", "decode_end"]
+    prefill, decode = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    # weights into anonymous memory, one thread per slot CPU, no warm-up when warmup is 0
+    for argv in (prefill, decode):
+        assert argv[argv.index("-lm") + 1] == "none" and argv[argv.index("-t") + 1] == "2"
+        assert "--no-warmup" in argv and argv[argv.index("-r") + 1] == "3"
+    assert (prefill[prefill.index("-p") + 1], prefill[prefill.index("-n") + 1]) == ("64", "0")
+    assert "-d" not in prefill
+    # decode after prompt_len tokens of context, as vLLM's decode by difference
+    assert (decode[decode.index("-p") + 1], decode[decode.index("-n") + 1],
+            decode[decode.index("-d") + 1]) == ("0", "8", "64")
+
+
+def test_a_failing_llama_bench_raises_with_its_stderr(engine, tmp_path):
+    eng, _ = engine
+    eng.llama.llama_bench.write_text("#!/bin/sh\necho 'bad model file' >&2\nexit 3\n")
+    req = EngineRequest(stage=StageConfig(model="tiny", engine="llamacpp"),
+                        workload=WorkloadConfig(detokenize=False))
+    with pytest.raises(RuntimeError, match=r"llama-bench prefill exited with 3: bad model file"):
+        eng.run(Session(req, str(tmp_path), Sampler(), lambda: None))
+
+
+def test_every_engine_is_found_by_its_config_name():
+    from omni_ray.config.schema import ENGINES
+
+    assert [load_engine(name).name for name in ENGINES] == list(ENGINES)
+
+
+def test_gguf_cache_key_follows_the_content(tmp_path, monkeypatch):
+    from omni_ray.peers import llamacpp
+
+    monkeypatch.setenv("OMNI_RAY_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    llama = types.SimpleNamespace(source_digest="s1")
+    first = llamacpp.gguf_path(model, "bfloat16", "Q4_0", llama)
+    assert first.name == "model-bf16-Q4_0.gguf"
+    assert llamacpp.gguf_path(model, "bfloat16", None, llama).parent == first.parent
+    (model / "config.json").write_text('{"changed": 1}')
+    assert llamacpp.gguf_path(model, "bfloat16", "Q4_0", llama) != first
+    other_source = types.SimpleNamespace(source_digest="s2")
+    assert llamacpp.gguf_path(model, "bfloat16", "Q4_0", other_source).parent != \
+        llamacpp.gguf_path(model, "bfloat16", "Q4_0", llama).parent
