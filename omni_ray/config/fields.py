@@ -326,3 +326,80 @@ def node_list(value: object, where: Where) -> tuple[int, ...]:
             raise (where / i).error("listed twice", item)
         seen.append(item)
     return tuple(sorted(seen))
+
+
+# --- serving workload checkers -------------------------------------------------------------
+
+def _rate(value: object, where: Where) -> float | str:
+    """A request rate in requests per second: a number > 0, or ``inf`` (all at once), kept as
+    the string "inf" so the config stays canonical JSON (which has no infinity)."""
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return "inf"
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        return "inf"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise where.error("must be a number of requests per second > 0, or inf", value)
+    if not value > 0:
+        raise where.error("must be > 0 (requests per second), or inf", value)
+    return float(value)
+
+
+def request_rates(value: object, where: Where) -> tuple[float | str, ...]:
+    """One rate, or a list of load points served one after another on one engine start."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise where.error("must list at least one rate", value)
+        rates = tuple(_rate(v, where / i) for i, v in enumerate(value))
+        for i, r in enumerate(rates):
+            if r in rates[:i]:
+                raise (where / i).error("listed twice", value[i])
+        return rates
+    return (_rate(value, where),)
+
+
+def percentiles(value: object, where: Where) -> tuple[float, ...]:
+    """Percentiles reported besides mean and median: each strictly between 0 and 100."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise where.error("must be a non-empty list of numbers in (0, 100)", value)
+    out: list[float] = []
+    for i, p in enumerate(value):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 100:
+            raise (where / i).error("must be a number in (0, 100)", p)
+        if float(p) in out:
+            raise (where / i).error("listed twice", p)
+        out.append(float(p))
+    return tuple(sorted(out))
+
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")  # omni_ray.workload.serving.SLO_METRICS
+
+
+def slo(value: object, where: Where) -> FrozenDict:
+    """Service-level objectives: metric -> milliseconds (> 0), metrics from ``SLO_KEYS``."""
+    if not isinstance(value, Mapping):
+        raise where.error(f"must be a mapping of {', '.join(SLO_KEYS)} to milliseconds", value)
+    out = {}
+    for key, limit in value.items():
+        if key not in SLO_KEYS:
+            raise (where / str(key)).error(
+                f"not a metric with an SLO (metrics: {', '.join(SLO_KEYS)})", limit)
+        out[key] = number(gt=0)(limit, where / key)
+    return FrozenDict(sorted(out.items()))
+
+
+def prompt_file(value: object, where: Where) -> str:
+    """A text file of prompts, one per line (relative to the config file) -> absolute path.
+    It must exist and hold at least one prompt."""
+    if not isinstance(value, str) or not value:
+        raise where.error("must be the path of a prompt file", value)
+    path = os.path.abspath(os.path.join(where.origin().base_dir, os.path.expanduser(value)))
+    if not os.path.isfile(path):
+        raise where.error("no such prompt file", value)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            has_prompt = any(ln.strip() and not ln.lstrip().startswith("#") for ln in fh)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise where.error(f"cannot read it ({type(exc).__name__})", value) from None
+    if not has_prompt:
+        raise where.error("holds no prompt (one per non-blank line)", value)
+    return path

@@ -10,7 +10,7 @@ from typing import Any
 
 from omni_ray.config.fields import canonical_json
 from omni_ray.config.schema import (
-    STAGE_FIELDS, WORKLOAD_FIELDS, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig)
+    SERVING_FIELDS, STAGE_FIELDS, WORKLOAD_FIELDS, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig)
 
 
 def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
@@ -21,13 +21,23 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
     values came from an axis). The model enters as resolved: a directory by its absolute path.
     """
     text = canonical_json({"sweep": sweep, "stage": _id_stage(stage),
-                           "workload": workload.to_dict(), "slot_cores": slot_cores})
+                           "workload": _id_workload(workload), "slot_cores": slot_cores})
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 # Stage fields added after results were stored, at the value every earlier arm had: left out of
 # the id when they hold it, so those arms keep their ids (and --resume finds them).
 _ID_NEUTRAL = {"engine": "vllm"}
+
+
+# Workload fields added with serving mode: at their defaults they are left out of the id too.
+_ID_NEUTRAL_WORKLOAD = {k: v for k, v in WorkloadConfig().to_dict().items()
+                        if k in ("mode", *SERVING_FIELDS)}
+
+
+def _id_workload(workload: WorkloadConfig) -> dict[str, Any]:
+    return {k: v for k, v in workload.to_dict().items()
+            if not (k in _ID_NEUTRAL_WORKLOAD and v == _ID_NEUTRAL_WORKLOAD[k])}
 
 
 def _id_stage(stage: StageConfig) -> dict[str, Any]:

@@ -99,9 +99,10 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
         which = "" if arm.label == "base" else f" (arm {arm.label})"
         check_stage(s, where / "stage", which)
         check_workload_for(s, w, where / "workload", which)
-        if w.prompt_len + w.output_len > s.max_model_len:
+        longest = (w.prompt_len_max or w.prompt_len) + (w.output_len_max or w.output_len)
+        if longest > s.max_model_len:
             raise (where / "workload").error(
-                f"prompt_len + output_len = {w.prompt_len + w.output_len} exceeds "
+                f"prompt_len + output_len = {longest} exceeds "
                 f"max_model_len {s.max_model_len}{which}")
         shape = SHAPES.get(s.model)
         if shape is not None and s.max_model_len > shape.max_position_embeddings:

@@ -74,7 +74,24 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "warmup": f.integer(ge=0),
     "repeats": f.integer(gt=0),
     "detokenize": f.boolean,
+    # serving (docs/serving.md); offline arms leave these at their defaults
+    "mode": f.choice("offline", "serving"),
+    "request_rate": f.request_rates,
+    "burstiness": f.number(gt=0),
+    "max_concurrency": f.optional(f.integer(gt=0)),
+    "num_requests": f.integer(gt=0),
+    "warmup_requests": f.integer(ge=0),
+    "prompt_len_max": f.optional(f.integer(gt=0)),
+    "output_len_max": f.optional(f.integer(gt=0)),
+    "prompt_file": f.optional(f.prompt_file),
+    "percentiles": f.percentiles,
+    "slo": f.slo,
 }
+# Fields that only a serving arm uses, and those only an offline arm uses.
+SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests",
+                  "warmup_requests", "prompt_len_max", "output_len_max", "prompt_file",
+                  "percentiles", "slo")
+OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
 
 PLACEMENT_FIELDS: dict[str, f.Check] = {
     "slot_cores": f.optional(f.integer(gt=0)),
@@ -147,6 +164,18 @@ class WorkloadConfig(_Config):
     repeats: int = 3
     detokenize: bool = True         # False: token ids only, as llama-bench and vLLM's
                                     # --disable-detokenize benchmarks measure
+    # serving (docs/serving.md): an async engine fed by a load generator in the same process
+    mode: str = "offline"           # offline | serving
+    request_rate: tuple = ("inf",)  # req/s per load point, each served on the same engine
+    burstiness: float = 1.0         # gamma shape of the gaps; 1 = Poisson
+    max_concurrency: int | None = None  # requests in flight at most (None: no limit)
+    num_requests: int = 32          # measured requests per load point
+    warmup_requests: int = 2        # sent once before the first load point, not counted
+    prompt_len_max: int | None = None  # set: prompt lengths uniform in [prompt_len, this]
+    output_len_max: int | None = None  # set: output lengths uniform in [output_len, this]
+    prompt_file: str | None = None  # prompts from this file, one a line (real tokenizer)
+    percentiles: tuple = (90.0, 99.0)  # reported besides mean and median
+    slo: dict = dataclasses.field(default_factory=FrozenDict)  # ttft_ms/tpot_ms/e2e_ms -> ms
 
     def __post_init__(self) -> None:
         _recheck(self, WORKLOAD_FIELDS)
@@ -347,7 +376,11 @@ def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Wher
 
     llama.cpp runs through llama-bench: one sequence (no batch), token ids only (it never
     detokenizes), and its decode runs after ``prompt_len`` tokens of context (``-d``), so a
-    separate ``context_len`` fill has no counterpart."""
+    separate ``context_len`` fill has no counterpart.
+
+    A serving arm needs vLLM (its async engine) and leaves the offline fields at their
+    defaults; an offline arm leaves the serving fields at theirs."""
+    check_mode_fields(stage, workload, where, which)
     if stage.engine != "llamacpp":
         return
     if workload.batch != 1:
@@ -362,6 +395,34 @@ def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Wher
         raise (where / "detokenize").error(
             "must be false for engine llamacpp (llama-bench never detokenizes; "
             f"false measures every engine on token ids){which}", workload.detokenize)
+
+
+_WORKLOAD_DEFAULTS = {fl.name: (fl.default if fl.default is not dataclasses.MISSING
+                                  else fl.default_factory())  # type: ignore[misc]
+                      for fl in dataclasses.fields(WorkloadConfig)}
+
+
+def check_mode_fields(stage: StageConfig, workload: WorkloadConfig, where: Where,
+                      which: str = "") -> None:
+    """The fields of the other mode stay at their defaults; ranges are ordered."""
+    serving = workload.mode == "serving"
+    if serving and stage.engine != "vllm":
+        raise (where / "mode").error(f"serving needs engine vllm (its async engine), not "
+                                     f"{stage.engine}{which}", workload.mode)
+    other = OFFLINE_FIELDS if serving else SERVING_FIELDS
+    for key in other:
+        value = getattr(workload, key)
+        if value != _WORKLOAD_DEFAULTS[key]:
+            raise (where / key).error(f"has no meaning in mode {workload.mode}; leave it out"
+                                      f"{which}", thaw(value))
+    for key, low in (("prompt_len_max", "prompt_len"), ("output_len_max", "output_len")):
+        high = getattr(workload, key)
+        if high is not None and high < getattr(workload, low):
+            raise (where / key).error(f"must be >= {low} {getattr(workload, low)}{which}", high)
+    if workload.prompt_file and workload.prompt_len_max is not None:
+        raise (where / "prompt_len_max").error(
+            f"has no meaning with prompt_file (its prompts have their own lengths){which}",
+            workload.prompt_len_max)
 
 
 def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:

@@ -1,0 +1,209 @@
+"""Serving load: arrivals, lengths, the load generator and the figures of one load point.
+
+Pure Python (asyncio, no vLLM): the engine side hands :func:`drive` a ``submit`` coroutine
+factory that streams a request's tokens, so the generator and every figure are unit-tested
+without an engine. Definitions follow ``vllm bench serve`` (vllm/benchmarks/serve.py):
+
+- arrivals: gaps drawn from a gamma distribution of shape ``burstiness`` and mean
+  ``1 / request_rate`` (burstiness 1 is a Poisson process; lower is burstier); ``inf`` sends
+  every request at once;
+- TTFT: first token received - request sent; E2E: last token - sent; ITL: the gaps between
+  successive outputs received (one per streamed chunk); TPOT: (E2E - TTFT) / (output tokens - 1);
+- goodput: requests per second that met every SLO given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+# The SLO keys a workload may name, and the per-request figure each bounds (milliseconds).
+SLO_METRICS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
+# The per-request figures summarised with percentiles.
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds after the start at which each of ``n`` requests is sent (non-decreasing)."""
+    if n < 0 or not rate > 0 or not burstiness > 0:
+        raise ValueError(f"need n >= 0, rate > 0, burstiness > 0; got {n}, {rate}, {burstiness}")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    theta = 1.0 / (rate * burstiness)  # gamma mean = shape * scale = 1 / rate
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.gammavariate(burstiness, theta)
+    return out
+
+
+def lengths(n: int, low: int, high: int | None, rng: random.Random) -> list[int]:
+    """``n`` lengths: ``low`` each (``high`` None), else uniform over [low, high] inclusive."""
+    if high is None or high == low:
+        return [low] * n
+    return [rng.randint(low, high) for _ in range(n)]
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The ``p``-th percentile (0 < p < 100) by linear interpolation between order statistics
+    (numpy's default, which ``vllm bench serve`` uses); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclasses.dataclass
+class RequestTiming:
+    """One request as the client saw it: when it was sent and when each output arrived."""
+
+    prompt_len: int
+    output_len: int                   # tokens asked for
+    sent: float = 0.0
+    chunks: list[float] = dataclasses.field(default_factory=list)  # arrival time of each output
+    tokens: int = 0                   # output tokens received
+    error: str | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return (self.chunks[0] - self.sent) * 1e3 if self.chunks else None
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return (self.chunks[-1] - self.sent) * 1e3 if self.chunks else None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        if self.tokens < 2 or not self.chunks:
+            return None
+        return (self.chunks[-1] - self.chunks[0]) * 1e3 / (self.tokens - 1)
+
+    @property
+    def itl_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in zip(self.chunks, self.chunks[1:])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A request to send: its prompt (token ids) and how many tokens to generate."""
+
+    prompt: list[int]
+    output_len: int
+
+
+# submit(index, planned) -> async iterator yielding the number of new tokens in each output.
+Submit = Callable[[int, Planned], AsyncIterator[int]]
+
+
+async def drive(submit: Submit, plan: Sequence[Planned], offsets: Sequence[float], *,
+                max_concurrency: int | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestTiming],
+                                                                         float]:
+    """Send ``plan[i]`` at ``offsets[i]`` seconds after the start (at most ``max_concurrency``
+    in flight; a request held back waits, and its latency counts from when it is sent, as in
+    vllm bench serve), stream each to its end. Returns the timings (in plan order) and the
+    seconds from the start to the last output."""
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    timings = [RequestTiming(prompt_len=len(p.prompt), output_len=p.output_len) for p in plan]
+    start = clock()
+
+    async def one(i: int) -> None:
+        delay = start + offsets[i] - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if limit is not None:
+            await limit.acquire()
+        rec = timings[i]
+        try:
+            rec.sent = clock()
+            async for new_tokens in submit(i, plan[i]):
+                rec.chunks.append(clock())
+                rec.tokens += new_tokens
+        except Exception as exc:  # a failed request is counted as failed, the run goes on
+            rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        finally:
+            if limit is not None:
+                limit.release()
+
+    await asyncio.gather(*(one(i) for i in range(len(plan))))
+    ends = [r.chunks[-1] for r in timings if r.chunks]
+    return timings, (max(ends) - start) if ends else 0.0
+
+
+def _stats(values: Sequence[float], percentiles: Sequence[float]) -> dict:
+    if not values:
+        return {"mean": None, "median": None, **{f"p{p:g}": None for p in percentiles}}
+    return {"mean": sum(values) / len(values), "median": percentile(values, 50),
+            **{f"p{p:g}": percentile(values, p) for p in percentiles}}
+
+
+def good(rec: RequestTiming, slo: Mapping[str, float]) -> bool:
+    """Whether a completed request met every SLO (``slo``: SLO_METRICS key -> milliseconds)."""
+    if rec.error or not rec.chunks:
+        return False
+    for key, limit in slo.items():
+        value = getattr(rec, SLO_METRICS[key])
+        if value is not None and value > limit:
+            return False
+    return True
+
+
+def figures(timings: Sequence[RequestTiming], duration_s: float, *,
+            percentiles: Sequence[float], slo: Mapping[str, float]) -> dict:
+    """One load point's figures: completed/failed counts, throughputs, goodput, and for each
+    of TTFT, TPOT, ITL (every gap of every request) and E2E its mean, median and percentiles."""
+    done = [r for r in timings if not r.error and r.chunks]
+    out_tokens = sum(r.tokens for r in done)
+    per = {
+        "ttft_ms": [r.ttft_ms for r in done],
+        "tpot_ms": [r.tpot_ms for r in done if r.tpot_ms is not None],
+        "itl_ms": [x for r in done for x in r.itl_ms],
+        "e2e_ms": [r.e2e_ms for r in done],
+    }
+    n_good = sum(good(r, slo) for r in done)
+    out: dict = {
+        "completed": len(done), "failed": len(timings) - len(done), "duration_s": duration_s,
+        "request_throughput": len(done) / duration_s if duration_s > 0 else None,
+        "output_throughput": out_tokens / duration_s if duration_s > 0 else None,
+        "total_input_tokens": sum(r.prompt_len for r in done),
+        "total_output_tokens": out_tokens,
+    }
+    if slo:
+        out["good_requests"] = n_good
+        out["goodput"] = n_good / duration_s if duration_s > 0 else None
+    for name in LATENCY_METRICS:
+        out[name] = _stats(per[name], percentiles)
+    return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def samples(timings: Sequence[RequestTiming]) -> dict:
+    """The per-request samples, column-wise and in milliseconds to the microsecond: compact
+    enough to keep in the record, complete enough to recompute every figure above."""
+    return {
+        "prompt_len": [r.prompt_len for r in timings],
+        "output_tokens": [r.tokens for r in timings],
+        "sent_s": [round(r.sent - timings[0].sent, 6) if timings else 0 for r in timings],
+        "ttft_ms": [_ms(r.ttft_ms) for r in timings],
+        "tpot_ms": [_ms(r.tpot_ms) for r in timings],
+        "e2e_ms": [_ms(r.e2e_ms) for r in timings],
+        "itl_ms": [[_ms(x) for x in r.itl_ms] for r in timings],
+        "error": [r.error for r in timings] if any(r.error for r in timings) else None,
+    }
+
+
+def read_prompt_file(path: str) -> list[str]:
+    """The prompts of a prompt file: one per non-blank line (``#`` lines are comments)."""
+    with open(path, encoding="utf-8") as f:
+        return [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
