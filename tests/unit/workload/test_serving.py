@@ -1,0 +1,121 @@
+"""The pure parts of serving: arrivals, lengths, percentiles, the load generator, goodput."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+
+import pytest
+
+from omni_ray.workload import serving as sv
+
+
+def test_infinite_rate_sends_everything_at_once():
+    assert sv.arrival_offsets(5, math.inf, 1.0, seed=0) == [0.0] * 5
+
+
+@pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
+def test_arrivals_have_the_rate_asked_for(burstiness):
+    offsets = sv.arrival_offsets(20_000, 8.0, burstiness, seed=1)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert offsets[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / 8, rel=0.03)
+    # gamma(shape k, mean m): variance m^2 / k; lower burstiness = burstier
+    assert statistics.pvariance(gaps) == pytest.approx((1 / 8) ** 2 / burstiness, rel=0.1)
+
+
+def test_arrivals_repeat_with_the_seed():
+    assert sv.arrival_offsets(10, 2.0, 1.0, seed=3) == sv.arrival_offsets(10, 2.0, 1.0, seed=3)
+    assert sv.arrival_offsets(10, 2.0, 1.0, seed=3) != sv.arrival_offsets(10, 2.0, 1.0, seed=4)
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, math.nan])
+def test_arrivals_refuse_a_rate_that_is_not_positive(rate):
+    with pytest.raises(ValueError, match="rate > 0"):
+        sv.arrival_offsets(3, rate, 1.0, seed=0)
+
+
+def test_lengths_fixed_and_uniform():
+    rng = random.Random(0)
+    assert sv.lengths(4, 7, None, rng) == [7] * 4
+    drawn = sv.lengths(2000, 10, 20, rng)
+    assert min(drawn) == 10 and max(drawn) == 20
+    assert statistics.fmean(drawn) == pytest.approx(15, abs=0.5)
+
+
+def test_percentile_interpolates_as_numpy():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert sv.percentile(xs, 50) == 2.5
+    assert sv.percentile(xs, 90) == pytest.approx(3.7)
+    assert sv.percentile([5.0], 99) == 5.0
+    assert sv.percentile([], 50) is None
+
+
+def _timing(sent, chunks, tokens, error=None):
+    return sv.RequestTiming(prompt_len=8, output_len=tokens, sent=sent, chunks=chunks,
+                            tokens=tokens, error=error)
+
+
+def test_request_figures():
+    r = _timing(1.0, [1.1, 1.15, 1.3], 3)
+    assert r.ttft_ms == pytest.approx(100)
+    assert r.e2e_ms == pytest.approx(300)
+    assert r.tpot_ms == pytest.approx(100)  # 200 ms over 2 tokens after the first
+    assert r.itl_ms == pytest.approx([50, 150])
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    rs = [_timing(0, [0.1, 0.2], 2), _timing(0, [0.6, 0.7], 2), _timing(0, [0.1, 0.9], 2),
+          _timing(0, [], 0, error="boom")]
+    figs = sv.figures(rs, 2.0, percentiles=(90,), slo={"ttft_ms": 500, "tpot_ms": 500})
+    assert (figs["completed"], figs["failed"], figs["good_requests"]) == (3, 1, 1)
+    assert figs["goodput"] == 0.5 and figs["request_throughput"] == 1.5
+    assert figs["output_throughput"] == 3.0
+    assert figs["ttft_ms"]["median"] == pytest.approx(100)
+    assert set(figs["e2e_ms"]) == {"mean", "median", "p90"}
+    assert "goodput" not in sv.figures(rs, 2.0, percentiles=(90,), slo={})
+
+
+def test_drive_sends_on_schedule_and_limits_concurrency():
+    in_flight, peak = 0, 0
+
+    def submit(i, planned):
+        async def stream():
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            for _ in range(planned.output_len):
+                await asyncio.sleep(0.01)
+                yield 1
+            in_flight -= 1
+        return stream()
+
+    plan = [sv.Planned([1, 2, 3], 3) for _ in range(6)]
+    timings, duration = asyncio.run(
+        sv.drive(submit, plan, [0.0] * 6, max_concurrency=2))
+    assert peak == 2
+    assert [t.tokens for t in timings] == [3] * 6 and all(len(t.chunks) == 3 for t in timings)
+    assert duration >= 3 * 0.03 * 0.9  # three waves of two
+    samples = sv.samples(timings)
+    assert len(samples["ttft_ms"]) == 6 and samples["error"] is None
+    assert all(len(row) == 2 for row in samples["itl_ms"])
+
+
+def test_drive_records_a_failed_request_and_goes_on():
+    def submit(i, planned):
+        async def stream():
+            if i == 1:
+                raise RuntimeError("engine said no")
+            yield 1
+        return stream()
+
+    timings, _ = asyncio.run(sv.drive(submit, [sv.Planned([1], 2)] * 3, [0.0, 0.0, 0.0]))
+    assert [t.error for t in timings] == [None, "RuntimeError: engine said no", None]
+
+
+def test_prompt_file_skips_blanks_and_comments(tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("# c\n\nhello there\n  second  \n")
+    assert sv.read_prompt_file(str(p)) == ["hello there", "second"]
