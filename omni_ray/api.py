@@ -78,16 +78,21 @@ def _records_in(out_dir: Path) -> list[dict]:
 
 def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dict:
     from omni_ray.results.store import write_json_atomic, write_text_atomic
-    from omni_ray.results.summary import summarize_arms, to_csv, to_markdown
+    from omni_ray.results.summary import (serving_markdown, summarize_arms, summarize_serving,
+                                          to_csv, to_markdown)
 
-    summary = summarize_arms(_records_in(out_dir), list(METRICS),
-                             noise_pct=sweep.noise.spread_pct)
+    records = _records_in(out_dir)
+    summary = summarize_arms(records, list(METRICS), noise_pct=sweep.noise.spread_pct)
     summary["sweep"] = sweep.name
     summary["labels"] = {a.id: a.label for a in arms}
     summary["baseline"] = sweep.baseline  # the report's ratio column divides by this arm
+    serving = summarize_serving(records)
+    if serving:
+        summary["serving"] = serving
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.csv", to_csv(summary))
-    write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary))
+    write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary)
+                      + serving_markdown(serving, summary["labels"]))
     return summary
 
 

@@ -129,12 +129,32 @@ def _failures_html(run: Run) -> str:
     return "\n".join(items)
 
 
+def _serving_html(run: Run) -> str:
+    """Serving arms: one row per arm and load point, medians over passes (docs/serving.md)."""
+    from omni_ray.results.summary import SERVING_COLUMNS, _fmt, summarize_serving
+
+    rows = summarize_serving([r for a in run.arms for r in a.ok])
+    if not rows:
+        return ""
+    labels = {a.id: a.label for a in run.arms}
+    cols = [c for c, _ in SERVING_COLUMNS]
+    head = "".join(f"<th>{_e(c)}</th>" for c in ["arm", "rate req/s", *cols, "n"])
+    body = "".join(
+        f"<tr><td>{_e(labels.get(r['arm'], r['arm']))}</td><td>{_e(r['request_rate'])}</td>"
+        + "".join(f"<td>{_e(_fmt(r['median'][c]))}</td>" for c in cols)
+        + f"<td>{r['n']}</td></tr>" for r in rows)
+    return ("<h3>Serving load points</h3><p>One engine start per arm serves its load points in "
+            "order; per-request samples are in each record.</p>"
+            f"<table><tr>{head}</tr>{body}</table>")
+
+
 def _run_html(run: Run, baseline: str | None, title_level: str = "h2") -> str:
     out = [f'<{title_level} id="{_e(run.name)}">{_e(run.name)}'
            + (" (retracted)" if run.is_retracted else "") + f"</{title_level}>",
            f"<p>{_e(run.path)} &middot; {len(run.arms)} arms &middot; "
            f"{len(run.records)} records</p>"]
     out.append(_table_html(table.build([run], baseline)))
+    out.append(_serving_html(run))
     charts = []
     for axis in run.axis_groups():
         for m in run.metrics():

@@ -283,3 +283,75 @@ def to_markdown(summary: dict) -> str:
     if summary["notes"]:
         out += "\n" + "\n".join(f"- {n['note']}" for n in summary["notes"]) + "\n"
     return out
+
+
+# --- serving load points (docs/serving.md) ---------------------------------------------------
+
+# (column, how to read it from one load point of measurements["serving"])
+SERVING_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("req/s", ("request_throughput",)),
+    ("out tok/s", ("output_throughput",)),
+    ("goodput req/s", ("goodput",)),
+    ("TTFT p50 ms", ("ttft_ms", "median")),
+    ("TTFT p99 ms", ("ttft_ms", "p99")),
+    ("TPOT p50 ms", ("tpot_ms", "median")),
+    ("TPOT p99 ms", ("tpot_ms", "p99")),
+    ("ITL p99 ms", ("itl_ms", "p99")),
+    ("E2E p99 ms", ("e2e_ms", "p99")),
+    ("KV peak %", ("kv_cache", "peak_usage")),
+    ("RSS peak MiB", ("peak_rss_anon_mb",)),
+)
+
+
+def _dig(d: object, keys: tuple[str, ...]) -> float | None:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return _number(d)
+
+
+def summarize_serving(records: list[dict]) -> list[dict]:
+    """One row per arm and load point of serving records: the median over passes of each of
+    ``SERVING_COLUMNS`` (a percentile absent from the workload's ``percentiles`` is None)."""
+    rows: dict[tuple[str, int], dict] = {}
+    for rec in records:
+        if rec.get("retracted") or rec.get("status", "ok") != "ok":
+            continue
+        points = (rec.get("measurements") or {}).get("serving")
+        if not isinstance(points, list):
+            continue
+        arm_id = str(rec["arm"]["id"])
+        for k, point in enumerate(points):
+            row = rows.setdefault((arm_id, k), {
+                "arm": arm_id, "load_point": k, "request_rate": point.get("request_rate"),
+                "n": 0, "values": {c: [] for c, _ in SERVING_COLUMNS}})
+            row["n"] += 1
+            for col, keys in SERVING_COLUMNS:
+                v = _dig(point, keys)
+                if v is not None:
+                    row["values"][col].append(v * 100 if col == "KV peak %" else v)
+    out = []
+    for row in rows.values():
+        values = row.pop("values")
+        row["median"] = {c: (statistics.median(v) if v else None) for c, v in values.items()}
+        out.append(row)
+    return out
+
+
+def serving_markdown(rows: list[dict], labels: dict | None = None) -> str:
+    """The serving rows as a table (empty text when there are none)."""
+    if not rows:
+        return ""
+    labels = labels or {}
+    cols = [c for c, _ in SERVING_COLUMNS]
+    lines = ["", "## Serving load points", "",
+             "| arm | rate req/s | " + " | ".join(cols) + " | n |",
+             "|---|---:|" + "---:|" * len(cols) + "---:|"]
+    for r in rows:
+        name = f"{labels[r['arm']]} ({r['arm']})" if r["arm"] in labels else r["arm"]
+        cells = [_fmt(r["median"][c]) if r["median"][c] is not None else "-" for c in cols]
+        lines.append(f"| {name} | {r['request_rate']} | " + " | ".join(cells) + f" | {r['n']} |")
+    lines.append("")
+    lines.append("Cells: median over passes. One engine start serves every load point of an arm, "
+                 "in order; goodput: requests/s that met every SLO. Per-request samples are in "
+                 "each record's measurements.serving[].samples.")
+    return "\n".join(lines) + "\n"

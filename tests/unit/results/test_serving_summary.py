@@ -1,0 +1,33 @@
+"""The serving table of a summary: one row per arm and load point, medians over passes."""
+
+from __future__ import annotations
+
+from omni_ray.results.summary import serving_markdown, summarize_serving
+
+
+def _record(arm, ttft_p99, status="ok"):
+    point = {"request_rate": 4.0, "request_throughput": 3.5, "output_throughput": 40.0,
+             "goodput": 3.0, "ttft_ms": {"median": 10.0, "p99": ttft_p99},
+             "tpot_ms": {"median": 2.0, "p99": 3.0}, "itl_ms": {"median": 2.0, "p99": 4.0},
+             "e2e_ms": {"median": 50.0, "p99": 80.0}, "kv_cache": {"peak_usage": 0.25},
+             "peak_rss_anon_mb": 500.0}
+    flood = dict(point, request_rate="inf")
+    return {"arm": {"id": arm}, "status": status,
+            "measurements": {"ready_s": 1.0, "serving": [point, flood]}}
+
+
+def test_rows_are_medians_over_passes_per_load_point():
+    rows = summarize_serving([_record("a", 10.0), _record("a", 30.0), _record("a", 20.0),
+                              _record("a", 999.0, status="failed"),
+                              {"arm": {"id": "offline"}, "measurements": {"ready_s": 1.0}}])
+    assert [(r["arm"], r["load_point"], r["request_rate"], r["n"]) for r in rows] == [
+        ("a", 0, 4.0, 3), ("a", 1, "inf", 3)]
+    assert rows[0]["median"]["TTFT p99 ms"] == 20.0
+    assert rows[0]["median"]["KV peak %"] == 25.0
+    text = serving_markdown(rows, {"a": "base"})
+    assert "| base (a) | 4.0 |" in text and "| base (a) | inf |" in text
+
+
+def test_no_serving_records_no_table():
+    assert summarize_serving([{"arm": {"id": "x"}, "measurements": {}}]) == []
+    assert serving_markdown([]) == ""
