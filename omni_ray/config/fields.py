@@ -403,3 +403,30 @@ def prompt_file(value: object, where: Where) -> str:
     if not has_prompt:
         raise where.error("holds no prompt (one per non-blank line)", value)
     return path
+
+
+_SEARCH_KEYS = ("percentile", "low", "high", "steps")
+
+
+def search(value: object, where: Where) -> FrozenDict:
+    """``{percentile, low, high, steps}``: bisect the highest rate in [low, high] whose
+    ``percentile`` of each SLO metric meets the SLO (``steps`` midpoints, default 5)."""
+    if not isinstance(value, Mapping):
+        raise where.error(f"must be a mapping with keys {', '.join(_SEARCH_KEYS)}", value)
+    for key in value:
+        if key not in _SEARCH_KEYS:
+            raise unknown_key(where, key, _SEARCH_KEYS)
+    for key in ("percentile", "low", "high"):
+        if key not in value:
+            raise (where / key).error("required field missing")
+    p = value["percentile"]
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 100:
+        raise (where / "percentile").error("must be a number in (0, 100)", p)
+    low, high = (_rate(value[k], where / k) for k in ("low", "high"))
+    for key, rate in (("low", low), ("high", high)):
+        if rate == "inf":
+            raise (where / key).error("must be a finite rate", value[key])
+    if not high > low:
+        raise (where / "high").error(f"must be > low {low:g}", value["high"])
+    steps = integer(gt=0)(value.get("steps", 5), where / "steps")
+    return FrozenDict(percentile=float(p), low=low, high=high, steps=steps)

@@ -86,11 +86,12 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "prompt_file": f.optional(f.prompt_file),
     "percentiles": f.percentiles,
     "slo": f.slo,
+    "search": f.optional(f.search),
 }
 # Fields that only a serving arm uses, and those only an offline arm uses.
 SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests",
                   "warmup_requests", "prompt_len_max", "output_len_max", "prompt_file",
-                  "percentiles", "slo")
+                  "percentiles", "slo", "search")
 OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
 
 PLACEMENT_FIELDS: dict[str, f.Check] = {
@@ -176,6 +177,7 @@ class WorkloadConfig(_Config):
     prompt_file: str | None = None  # prompts from this file, one a line (real tokenizer)
     percentiles: tuple = (90.0, 99.0)  # reported besides mean and median
     slo: dict = dataclasses.field(default_factory=FrozenDict)  # ttft_ms/tpot_ms/e2e_ms -> ms
+    search: dict | None = None      # {percentile, low, high, steps}: bisect the SLO's capacity
 
     def __post_init__(self) -> None:
         _recheck(self, WORKLOAD_FIELDS)
@@ -419,6 +421,8 @@ def check_mode_fields(stage: StageConfig, workload: WorkloadConfig, where: Where
         high = getattr(workload, key)
         if high is not None and high < getattr(workload, low):
             raise (where / key).error(f"must be >= {low} {getattr(workload, low)}{which}", high)
+    if workload.search is not None and not workload.slo:
+        raise (where / "search").error(f"needs an slo to meet{which}", thaw(workload.search))
     if workload.prompt_file and workload.prompt_len_max is not None:
         raise (where / "prompt_len_max").error(
             f"has no meaning with prompt_file (its prompts have their own lengths){which}",

@@ -207,3 +207,44 @@ def read_prompt_file(path: str) -> list[str]:
     """The prompts of a prompt file: one per non-blank line (``#`` lines are comments)."""
     with open(path, encoding="utf-8") as f:
         return [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def meets_slo(timings: Sequence[RequestTiming], slo: Mapping[str, float],
+              percentile_: float) -> bool:
+    """Whether a load point met the SLO: every request completed, and the ``percentile_``-th
+    percentile of each SLO metric over its requests is within its threshold."""
+    if not timings or any(r.error or not r.chunks for r in timings):
+        return False
+    for key, limit in slo.items():
+        values = [v for r in timings if (v := getattr(r, SLO_METRICS[key])) is not None]
+        value = percentile(values, percentile_)
+        if value is not None and value > limit:
+            return False
+    return True
+
+
+def bisect_rate(probe: Callable[[float], bool], low: float, high: float, steps: int,
+                ) -> dict:
+    """The highest request rate in [low, high] at which ``probe(rate)`` (a short load point
+    meeting the SLO) holds, by bisection on a log scale (rates span decades): ``low`` first,
+    then ``high``, then ``steps`` midpoints. Returns ``capacity`` (the highest rate that met it,
+    None when even ``low`` did not), the final ``bracket`` [met, failed] and every ``probe``."""
+    tried: list[dict] = []
+
+    def check(rate: float) -> bool:
+        ok = bool(probe(rate))
+        tried.append({"request_rate": rate, "meets_slo": ok})
+        return ok
+
+    if not check(low):
+        return {"capacity": None, "bracket": [None, low], "probes": tried}
+    if check(high):
+        return {"capacity": high, "bracket": [high, None], "probes": tried}
+    lo, hi = low, high
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"capacity": lo, "bracket": [lo, hi], "probes": tried}

@@ -119,3 +119,27 @@ def test_prompt_file_skips_blanks_and_comments(tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("# c\n\nhello there\n  second  \n")
     assert sv.read_prompt_file(str(p)) == ["hello there", "second"]
+
+
+def test_meets_slo_at_the_percentile():
+    fast = [_timing(0, [0.05, 0.06], 2) for _ in range(9)]
+    slow = [_timing(0, [0.9, 0.91], 2)]
+    assert sv.meets_slo(fast + slow, {"ttft_ms": 100}, 50)
+    assert not sv.meets_slo(fast + slow, {"ttft_ms": 100}, 99)
+    assert not sv.meets_slo(fast + [_timing(0, [], 0, error="x")], {"ttft_ms": 100}, 50)
+
+
+@pytest.mark.parametrize("capacity", [0.7, 3.3, 20.0, 63.0])
+def test_bisection_brackets_the_capacity(capacity):
+    out = sv.bisect_rate(lambda rate: rate <= capacity, 0.5, 64.0, steps=8)
+    met, failed = out["bracket"]
+    assert met <= capacity < failed and failed / met < 1.05
+    assert out["capacity"] == met
+    assert len(out["probes"]) == 2 + 8
+    assert [p["meets_slo"] for p in out["probes"][:2]] == [True, False]
+
+
+def test_bisection_ends_early_outside_the_range():
+    assert sv.bisect_rate(lambda r: False, 1, 8, 5) == {
+        "capacity": None, "bracket": [None, 1], "probes": [{"request_rate": 1, "meets_slo": False}]}
+    assert sv.bisect_rate(lambda r: True, 1, 8, 5)["capacity"] == 8
