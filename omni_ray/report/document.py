@@ -133,7 +133,8 @@ def _serving_html(run: Run) -> str:
     """Serving arms: one row per arm and load point, medians over passes (docs/serving.md)."""
     from omni_ray.results.summary import SERVING_COLUMNS, _fmt, summarize_serving
 
-    rows = summarize_serving([r for a in run.arms for r in a.ok])
+    rows = [r for r in summarize_serving([r for a in run.arms for r in a.ok])
+            if r["load_point"] is not None]
     if not rows:
         return ""
     labels = {a.id: a.label for a in run.arms}

@@ -329,7 +329,18 @@ def summarize_serving(records: list[dict]) -> list[dict]:
                 v = _dig(point, keys)
                 if v is not None:
                     row["values"][col].append(v * 100 if col == "KV peak %" else v)
+    searches: dict[str, list] = {}
+    for rec in records:
+        found = (rec.get("measurements") or {}).get("serving_search")
+        if isinstance(found, dict) and rec.get("status", "ok") == "ok" and not rec.get("retracted"):
+            searches.setdefault(str(rec["arm"]["id"]), []).append(found)
     out = []
+    for arm_id, found in searches.items():  # the SLO search: one row per arm, load_point None
+        caps = [f["capacity"] for f in found if f.get("capacity") is not None]
+        out.append({"arm": arm_id, "load_point": None, "request_rate": "search", "n": len(found),
+                    "capacity": statistics.median(caps) if caps else None,
+                    "brackets": [f.get("bracket") for f in found],
+                    "percentile": found[0].get("percentile"), "slo": found[0].get("slo")})
     for row in rows.values():
         values = row.pop("values")
         row["median"] = {c: (statistics.median(v) if v else None) for c, v in values.items()}
@@ -346,6 +357,8 @@ def serving_markdown(rows: list[dict], labels: dict | None = None) -> str:
     lines = ["", "## Serving load points", "",
              "| arm | rate req/s | " + " | ".join(cols) + " | n |",
              "|---|---:|" + "---:|" * len(cols) + "---:|"]
+    searches = [r for r in rows if r["load_point"] is None]
+    rows = [r for r in rows if r["load_point"] is not None]
     for r in rows:
         name = f"{labels[r['arm']]} ({r['arm']})" if r["arm"] in labels else r["arm"]
         cells = [_fmt(r["median"][c]) if r["median"][c] is not None else "-" for c in cols]
@@ -354,4 +367,11 @@ def serving_markdown(rows: list[dict], labels: dict | None = None) -> str:
     lines.append("Cells: median over passes. One engine start serves every load point of an arm, "
                  "in order; goodput: requests/s that met every SLO. Per-request samples are in "
                  "each record's measurements.serving[].samples.")
+    for r in searches:
+        name = f"{labels[r['arm']]} ({r['arm']})" if r["arm"] in labels else r["arm"]
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in (r["slo"] or {}).items())
+        cap = "below the search's low rate" if r["capacity"] is None else \
+            f"{_fmt(r['capacity'])} req/s"
+        lines.append(f"- capacity of {name} at p{r['percentile']:g} {slo}: {cap} "
+                     f"(brackets [met, failed]: {r['brackets']}; n={r['n']})")
     return "\n".join(lines) + "\n"

@@ -31,3 +31,14 @@ def test_rows_are_medians_over_passes_per_load_point():
 def test_no_serving_records_no_table():
     assert summarize_serving([{"arm": {"id": "x"}, "measurements": {}}]) == []
     assert serving_markdown([]) == ""
+
+
+def test_a_search_gives_one_capacity_line():
+    rec = _record("a", 10.0)
+    rec["measurements"]["serving_search"] = {"percentile": 99.0, "slo": {"ttft_ms": 500.0},
+                                             "capacity": 3.2, "bracket": [3.2, 4.0]}
+    rows = summarize_serving([rec])
+    assert [r["load_point"] for r in rows] == [None, 0, 1]
+    text = serving_markdown(rows, {"a": "base"})
+    assert "- capacity of base (a) at p99 ttft_ms <= 500: 3.2 req/s" in text
+    assert text.count("| base (a) |") == 2
