@@ -211,6 +211,7 @@ class VllmEngine:
     def __init__(self) -> None:
         self.llm = None
         self._omni = None
+        self._loop = None  # serving: the event loop AsyncLLM and the load generator run on
 
     def environment(self, req: EngineRequest) -> dict[str, str]:
         return engine_env(req)
@@ -226,17 +227,38 @@ class VllmEngine:
         session.sampler.mark("load_start")
         session.phase("loading")
         with Stopwatch() as init:
-            self.llm = LLM(**engine_kwargs(req, session.model_path))
+            if self._serving(req):  # AsyncLLM on this process's event loop (vllm_serving)
+                import asyncio
+
+                from omni_ray.engines.vllm_serving import make_engine
+
+                self._loop = asyncio.new_event_loop()
+                self.llm, self._stats = make_engine(
+                    engine_kwargs(req, session.model_path), self._loop)
+                cache = self.llm.vllm_config.cache_config
+                self._kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+            else:
+                self.llm = LLM(**engine_kwargs(req, session.model_path))
+                self._kv_tokens = kv_cache_tokens(self.llm)
         kv_mib = int(req.stage.kv_cache_mib)
         return dict(
             import_s=imp.elapsed, init_s=init.elapsed,
-            kv_cache_tokens=kv_cache_tokens(self.llm),
+            kv_cache_tokens=self._kv_tokens,
             kv_cache_bytes_requested=kv_mib * MiB,
             kv_cache_tokens_budget=kv_mib * MiB // kv_bytes_per_token(session.model_path,
                                                                        req.stage.dtype))
 
+    @staticmethod
+    def _serving(req: EngineRequest) -> bool:
+        return req.workload is not None and req.workload.mode == "serving"
+
     def run(self, session: Session) -> dict:
         req = session.req
+        if self._serving(req):
+            from omni_ray.engines.vllm_serving import serve
+
+            return serve(self.llm, self._stats, self._loop, req, session.model_path,
+                         session.sampler, session.phase, self._kv_tokens)
         vocab = self.llm.llm_engine.vllm_config.model_config.get_vocab_size()
         m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed)
         if m.get("decode_tok_s") is not None:
@@ -245,6 +267,8 @@ class VllmEngine:
 
     def report(self) -> dict:
         out = {"patch_report": self._omni.patch_report(), "kernels": self._omni.kernel_report()}
+        if self._loop is not None:  # stop the EngineCore child before the process exits
+            self.llm.shutdown()
         self.llm = None
         return out
 

@@ -1,0 +1,180 @@
+"""vLLM serving: ``AsyncLLM`` in the engine process, fed by the load generator of
+``omni_ray.workload.serving`` running as an asyncio task in that same process.
+
+Why not vLLM's OpenAI server and a client process: the HTTP server, its JSON and the client
+would be more processes on the slot's cores (or on cores the other slots own). Here there is
+one client, the engine process's own event loop, and its CPU time is measured and recorded per
+load point (``cpu.client_s`` against ``cpu.engine_core_s``): AsyncLLM always runs its EngineCore
+in a child process (vLLM 0.32's ``make_async_mp_client``), which inherits the pinning, the
+memory binding and the tree sampler. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from typing import Any
+
+from omni_ray.engines.request import EngineRequest
+from omni_ray.workload import serving as sv
+from omni_ray.workload.prompts import token_prompts
+
+
+def make_engine(kwargs: dict, loop: asyncio.AbstractEventLoop) -> tuple[Any, dict]:
+    """An ``AsyncLLM`` built from ``vllm.LLM``'s keyword arguments, and the dict its stat
+    logger fills with vLLM's own scheduler figures (KV cache use, running, waiting)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    seen: dict = {"kv_cache_usage": 0.0, "running": 0, "waiting": 0, "records": 0}
+
+    class PeakStats(StatLoggerBase):
+        """Keeps the peaks of vLLM's SchedulerStats (reset per load point)."""
+
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is None:
+                return
+            seen["records"] += 1
+            seen["kv_cache_usage"] = max(seen["kv_cache_usage"],
+                                         float(scheduler_stats.kv_cache_usage))
+            seen["running"] = max(seen["running"], int(scheduler_stats.num_running_reqs))
+            seen["waiting"] = max(seen["waiting"], int(scheduler_stats.num_waiting_reqs))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    args = AsyncEngineArgs(**kwargs, disable_log_stats=True)  # our logger only
+
+    async def build() -> Any:
+        return AsyncLLM.from_engine_args(args, stat_loggers=[PeakStats])
+
+    return loop.run_until_complete(build()), seen
+
+
+def _tree_cpu_s(root: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of this process, and of its descendants (EngineCore)."""
+    import psutil
+
+    me = psutil.Process(root)
+    own = sum(me.cpu_times()[:2])
+    rest = 0.0
+    for child in me.children(recursive=True):
+        try:
+            rest += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return own, rest
+
+
+def _plan(req: EngineRequest, n: int, vocab: int, model_path: str, max_len: int,
+          rng: random.Random) -> list[sv.Planned]:
+    """``n`` requests: prompts of the configured lengths (random token ids, distinct), or the
+    prompt file's prompts drawn at random and tokenized by the model's own tokenizer."""
+    wl = req.workload
+    outs = sv.lengths(n, wl.output_len, wl.output_len_max, rng)
+    if wl.prompt_file:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+        texts = sv.read_prompt_file(wl.prompt_file)
+        prompts = []
+        for o in outs:
+            ids = tok(rng.choice(texts), add_special_tokens=True)["input_ids"]
+            prompts.append(list(ids)[: max(1, max_len - o)])
+    else:
+        lens = sv.lengths(n, wl.prompt_len, wl.prompt_len_max, rng)
+        prompts = [token_prompts(1, length, vocab, seed=rng.randrange(1 << 62))[0]
+                   for length in lens]
+    return [sv.Planned(p, o) for p, o in zip(prompts, outs)]
+
+
+def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineRequest,
+          model_path: str, sampler: Any, phase: Any, kv_cache_tokens: int) -> dict:
+    """Warm-up requests, then each load point in turn on the one engine. Returns the
+    measurements: ``serving``, one entry per load point (figures and per-request samples)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    wl = req.workload
+    vcfg = engine.vllm_config
+    vocab = vcfg.model_config.get_vocab_size()
+    max_len = vcfg.model_config.max_model_len
+    rng = random.Random(req.seed * 1_000_003 + 17)
+    ids = iter(range(1 << 40))
+
+    def submit(_: int, p: sv.Planned):
+        params = SamplingParams(max_tokens=p.output_len, temperature=0.0, ignore_eos=True,
+                                detokenize=wl.detokenize, output_kind=RequestOutputKind.DELTA)
+
+        async def stream():
+            async for out in engine.generate({"prompt_token_ids": p.prompt}, params,
+                                             request_id=f"omni-{next(ids)}"):
+                yield len(out.outputs[0].token_ids)
+        return stream()
+
+    if wl.warmup_requests:
+        phase("serving warm-up")
+        warm = _plan(req, wl.warmup_requests, vocab, model_path, max_len, rng)
+        loop.run_until_complete(sv.drive(submit, warm, [0.0] * len(warm)))
+    counter = iter(range(1 << 30))
+
+    def run_point(rate: float | str, samples: bool = True) -> tuple[dict, list]:
+        """One load point at ``rate``: its figures (and per-request samples)."""
+        k = next(counter)
+        phase(f"serving {rate} req/s")
+        plan = _plan(req, wl.num_requests, vocab, model_path, max_len, rng)
+        offsets = sv.arrival_offsets(len(plan), float(rate), wl.burstiness,
+                                     rng.randrange(1 << 62))
+        for key in ("kv_cache_usage", "running", "waiting"):
+            seen[key] = 0
+        label = f"load{k}"
+        sampler.mark(f"{label}_start")
+        cpu0, t0 = _tree_cpu_s(os.getpid()), time.perf_counter()
+        timings, duration = loop.run_until_complete(
+            sv.drive(submit, plan, offsets, max_concurrency=wl.max_concurrency))
+        wall = time.perf_counter() - t0
+        cpu1 = _tree_cpu_s(os.getpid())
+        sampler.mark(f"{label}_end")
+        figs = sv.figures(timings, duration, percentiles=wl.percentiles, slo=wl.slo)
+        usage = seen["kv_cache_usage"] if seen["records"] else None
+        point = {
+            "request_rate": rate, "burstiness": wl.burstiness,
+            "max_concurrency": wl.max_concurrency, "num_requests": len(plan), **figs,
+            "kv_cache": {"peak_usage": usage,
+                         "peak_tokens": None if usage is None else round(usage * kv_cache_tokens),
+                         "budget_tokens": kv_cache_tokens, "source": "vLLM SchedulerStats"
+                         if usage is not None else "vLLM reported no scheduler stats",
+                         "peak_running": seen["running"], "peak_waiting": seen["waiting"]},
+            "peak_rss_anon_mb": sampler.peak_anon_mb(f"{label}_start", f"{label}_end"),
+            "cpu": {"wall_s": wall, "client_s": cpu1[0] - cpu0[0],
+                    "engine_core_s": cpu1[1] - cpu0[1]},
+        }
+        if samples:
+            point["samples"] = sv.samples(timings)
+        return point, timings
+
+    out: dict = {"serving": [run_point(rate)[0] for rate in wl.request_rate]}
+    if wl.search is not None:
+        probes: list[dict] = []
+
+        def probe(rate: float) -> bool:
+            point, timings = run_point(rate, samples=False)
+            point["meets_slo"] = sv.meets_slo(timings, wl.slo, wl.search["percentile"])
+            probes.append(point)
+            return point["meets_slo"]
+
+        found = sv.bisect_rate(probe, wl.search["low"], wl.search["high"],
+                               wl.search["steps"])
+        out["serving_search"] = {**dict(wl.search), "slo": dict(wl.slo),
+                                 "capacity": found["capacity"], "bracket": found["bracket"],
+                                 "probes": probes}
+        if found["capacity"] is not None:
+            out["capacity_req_s"] = found["capacity"]
+    return out
