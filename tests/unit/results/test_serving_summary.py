@@ -42,3 +42,30 @@ def test_a_search_gives_one_capacity_line():
     text = serving_markdown(rows, {"a": "base"})
     assert "- capacity of base (a) at p99 ttft_ms <= 500: 3.2 req/s" in text
     assert text.count("| base (a) |") == 2
+
+
+def test_a_serving_run_directory_gives_summary_and_report(tmp_path):
+    """From records on disk (as a sweep writes them) to summary.md and report.html."""
+    from omni_ray.api import write_summary
+    from omni_ray.config import expand, load_sweep_file
+    from omni_ray.report.document import write_report
+    from omni_ray.results.record import make_record
+    from omni_ray.results.store import write_json_atomic
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[3]
+    sweep = load_sweep_file(root / "configs" / "serving.yaml")
+    (arm,) = expand(sweep)
+    measured = _record(arm.id, 42.0)["measurements"]
+    measured["serving_search"] = {"percentile": 90.0, "slo": {"ttft_ms": 200.0},
+                                  "capacity": 6.5, "bracket": [6.5, 9.0], "probes": []}
+    rec = make_record(kind="arm", config=arm.to_dict(), measurements=measured, status="ok",
+                      provenance={}, extra={"arm": {"id": arm.id, "label": arm.label,
+                                                    "sweep": sweep.name, "index": 0},
+                                            "pass": 1, "run_id": "r"})
+    write_json_atomic(tmp_path / f"{arm.id}.p1.json", rec)
+    summary = write_summary(sweep, [arm], tmp_path)
+    assert [r["request_rate"] for r in summary["serving"]] == ["search", 4.0, "inf"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Serving load points" in text and "capacity of base" in text
+    html = write_report([tmp_path]).read_text()
+    assert "Serving load points" in html and "42" in html
