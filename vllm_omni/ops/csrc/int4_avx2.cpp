@@ -213,6 +213,8 @@ inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
   }
 }
 
+constexpr int kTileRows = 2;
+
 // The float finishing of one group for row r and outputs h * 32 .. h * 32 + 31.
 inline void finish_row32(const GemmGroup& gg, const GemmRows& x, int r, int h,
                          const __m256i (&acc)[4], float* o) {
@@ -236,18 +238,19 @@ void tile_madd(const GemmGroup& gg, const GemmRows& x, float* o) {
     __m256i a00 = _mm256_setzero_si256(), a01 = a00, a02 = a00, a03 = a00;
     __m256i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     const int32_t* qb = gg.qb + 32 * h;
-    for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN) {
+    const int32_t* c2 = x.c2;  // row r's pair kp at c2[kp * kTileRows + r]
+    for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN, c2 += kTileRows) {
       const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb));
       const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 8));
       const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 16));
       const __m256i q3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 24));
-      const __m256i c0 = _mm256_set1_epi32(x.c2[kp]);
+      const __m256i c0 = _mm256_set1_epi32(c2[0]);
       a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(q0, c0));
       a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(q1, c0));
       a02 = _mm256_add_epi32(a02, _mm256_madd_epi16(q2, c0));
       a03 = _mm256_add_epi32(a03, _mm256_madd_epi16(q3, c0));
       if constexpr (R > 1) {
-        const __m256i c1 = _mm256_set1_epi32(x.c2[x.ldc + kp]);
+        const __m256i c1 = _mm256_set1_epi32(c2[1]);
         a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(q0, c1));
         a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(q1, c1));
         a12 = _mm256_add_epi32(a12, _mm256_madd_epi16(q2, c1));
@@ -258,8 +261,6 @@ void tile_madd(const GemmGroup& gg, const GemmRows& x, float* o) {
     if constexpr (R > 1) finish_row32(gg, x, 1, h, {a10, a11, a12, a13}, o);
   }
 }
-
-constexpr int kTileRows = 2;
 
 inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
   if (rows == 2)

@@ -221,15 +221,17 @@ inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
   }
 }
 
-// The float finishing of one group for row r of a tile, 64 outputs in 4 accumulators.
-inline void finish_row(const GemmGroup& gg, const GemmRows& x, int r, const __m512i (&acc)[4],
-                       float* o) {
-  const __m512i bias = _mm512_set1_epi32(8 * x.csum[r * x.ldm]);
+constexpr int kTileRows = 6;  // 24 accumulators + 4 registers of codes + the broadcast
+
+// The float finishing of one group for row r of a tile, 64 outputs in 4 accumulators that
+// started at -8 * csum (so they hold sum (q - 8) * c). Inlined: a call would take the
+// accumulators through memory.
+__attribute__((always_inline)) inline void finish_row(const GemmGroup& gg, const GemmRows& x,
+                                                      int r, const __m512i (&acc)[4], float* o) {
   const __m512 step = _mm512_set1_ps(x.step[r * x.ldm]), xsum = _mm512_set1_ps(x.xsum[r * x.ldm]);
   for (int i = 0; i < 4; ++i) {
     float* y = o + r * kBlockN + 16 * i;
-    const __m512i dot = _mm512_sub_epi32(acc[i], bias);
-    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]),
                                _mm512_mul_ps(_mm512_load_ps(gg.sc + 16 * i), step),
                                _mm512_loadu_ps(y));
     v = _mm512_fmadd_ps(_mm512_load_ps(gg.ze + 16 * i), xsum, v);
@@ -244,16 +246,18 @@ void tile_vnni(const GemmGroup& gg, const GemmRows& x, float* o) {
   const int32_t* qb = gg.qb;
 #define OMNI_ROW(r)                                                         \
   if constexpr (R > r) {                                                    \
-    const __m512i c = _mm512_set1_epi32(x.c2[r * x.ldc + kp]);              \
+    const __m512i c = _mm512_set1_epi32(c2[r]);                              \
     acc##r##0 = _mm512_dpwssd_epi32(acc##r##0, q0, c);                      \
     acc##r##1 = _mm512_dpwssd_epi32(acc##r##1, q1, c);                      \
     acc##r##2 = _mm512_dpwssd_epi32(acc##r##2, q2, c);                      \
     acc##r##3 = _mm512_dpwssd_epi32(acc##r##3, q3, c);                      \
   }
-#define OMNI_ACC(r) __m512i acc##r##0 = _mm512_setzero_si512(), acc##r##1 = acc##r##0, \
-                            acc##r##2 = acc##r##0, acc##r##3 = acc##r##0;
+#define OMNI_ACC(r)                                                                       \
+  __m512i acc##r##0 = _mm512_set1_epi32(R > r ? -8 * x.csum[r * x.ldm] : 0),              \
+          acc##r##1 = acc##r##0, acc##r##2 = acc##r##0, acc##r##3 = acc##r##0;
   OMNI_ACC(0) OMNI_ACC(1) OMNI_ACC(2) OMNI_ACC(3) OMNI_ACC(4) OMNI_ACC(5)
-  for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN) {
+  const int32_t* c2 = x.c2;  // row r's pair kp at c2[kp * kTileRows + r]
+  for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN, c2 += kTileRows) {
     const __m512i q0 = _mm512_loadu_si512(qb), q1 = _mm512_loadu_si512(qb + 16);
     const __m512i q2 = _mm512_loadu_si512(qb + 32), q3 = _mm512_loadu_si512(qb + 48);
     OMNI_ROW(0) OMNI_ROW(1) OMNI_ROW(2) OMNI_ROW(3) OMNI_ROW(4) OMNI_ROW(5)
@@ -272,8 +276,6 @@ inline void store64(const float* o, at::BFloat16* out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * i),
                         fp32x16_to_bf16(_mm512_loadu_ps(o + 16 * i)));
 }
-
-constexpr int kTileRows = 6;  // 24 accumulators + 4 registers of codes + the broadcast
 
 inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
   switch (rows) {

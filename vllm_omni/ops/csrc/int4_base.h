@@ -147,12 +147,14 @@ inline void dequant_scalar(const uint8_t* blk, int64_t w, const at::BFloat16* sz
 // (int16 each), so one int16 x int16 multiply-add of pairs (vpdpwssd, vpmaddwd) gives
 // q[2kp] * c[2kp] + q[2kp+1] * c[2kp+1]: the same exact integer sum the GEMV takes in two bytes.
 
-// x's codes as pairs: c2[m * K/2 + kp] = c[m][2kp] (low 16 bits) | c[m][2kp + 1] (high 16 bits).
-inline void code_pairs_row(const int8_t* hi, const int8_t* lo, int64_t K, int32_t* c2) {
+// x's codes as pairs, c[m][2kp] (low 16 bits) | c[m][2kp + 1] (high 16 bits), for the rows of one
+// tile interleaved: row r's pair kp at c2[kp * ld + r] (ld: the tile's rows), so a tile reads
+// one stream, not one per row (measured on one core: the avx512 GEMM 6 % faster at 128 rows).
+inline void code_pairs_row(const int8_t* hi, const int8_t* lo, int64_t K, int64_t ld, int32_t* c2) {
   for (int64_t kp = 0; kp < K / 2; ++kp) {
     const int32_t c0 = 128 * hi[2 * kp] + lo[2 * kp], c1 = 128 * hi[2 * kp + 1] + lo[2 * kp + 1];
-    c2[kp] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(c0)) |
-                                  (static_cast<uint32_t>(static_cast<uint16_t>(c1)) << 16));
+    c2[kp * ld] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(c0)) |
+                                       (static_cast<uint32_t>(static_cast<uint16_t>(c1)) << 16));
   }
 }
 
@@ -176,11 +178,12 @@ struct GemmGroup {
   const float* ze;
 };
 
-// Rows of x that a tile reads: its code pairs (row r at c2 + r * ldc, at the group's first pair)
-// and its fixed-point step, code sum and fp32 sum for this group (row r at index r * ldm).
+// Rows of x that a tile reads: its code pairs from the group's first (row r's pair kp at
+// c2[kp * ldk + r], ldk the set's kTileRows) and its fixed-point step, code sum and fp32 sum for
+// this group (row r at index r * ldm).
 struct GemmRows {
   const int32_t* c2;
-  int64_t ldc;
+  int64_t ldk;
   const float* step;
   const int32_t* csum;
   const float* xsum;
@@ -200,9 +203,9 @@ inline void finish64_scalar(const int32_t* dot, const GemmGroup& gg, float step,
 inline void tile_scalar(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
   for (int r = 0; r < rows; ++r) {
     int32_t dot[kBlockN] = {};
-    const int32_t* c2 = x.c2 + r * x.ldc;
     for (int64_t kp = 0; kp < gg.kpairs; ++kp) {
-      const int32_t c0 = static_cast<int16_t>(c2[kp] & 0xFFFF), c1 = c2[kp] >> 16;
+      const int32_t pair = x.c2[kp * x.ldk + r];
+      const int32_t c0 = static_cast<int16_t>(pair & 0xFFFF), c1 = pair >> 16;
       const int32_t* q = gg.qb + kp * kBlockN;
       for (int j = 0; j < kBlockN; ++j) dot[j] += (q[j] & 0xFFFF) * c0 + (q[j] >> 16) * c1;
     }

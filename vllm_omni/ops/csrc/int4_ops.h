@@ -111,8 +111,9 @@ FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t
   return fx;
 }
 
-// Rows of x per pass over a block's groups: their fp32 outputs (rows x 64) stay in L2.
-constexpr int64_t kGemmChunkRows = 256;
+// Rows of x per pass over a block's groups: their fp32 outputs (rows x 64) stay in L2. Whole
+// tiles, so that every pass starts at a tile of the interleaved code pairs.
+constexpr int64_t kGemmChunkRows = 256 / isa::kTileRows * isa::kTileRows;
 
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
                      const at::Tensor& scales_zeros, int64_t group_size) {
@@ -122,10 +123,13 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   check_pack(packed, scales_zeros, K, group_size);
   const at::Tensor xc = x.contiguous();
   const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs);
-  std::vector<int32_t> c2(M * K / 2);
+  // x's code pairs, tile by tile (the last tile's missing rows stay zero and are never read)
+  constexpr int64_t R = isa::kTileRows;
+  std::vector<int32_t> c2((M + R - 1) / R * R * K / 2);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      code_pairs_row(fx.hi.data() + m * K, fx.lo.data() + m * K, K, c2.data() + m * K / 2);
+      code_pairs_row(fx.hi.data() + m * K, fx.lo.data() + m * K, K, R,
+                     c2.data() + m / R * R * K / 2 + m % R);
   });
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
@@ -153,7 +157,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
           const GemmGroup gg{qb.data(), gs / 2, sc, ze};
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
-            const GemmRows xr{c2.data() + r * K / 2 + g * gs / 2, K / 2, fx.step.data() + r * G + g,
+            const GemmRows xr{c2.data() + r * K / 2 + g * gs / 2 * R, R, fx.step.data() + r * G + g,
                               fx.csum.data() + r * G + g, fx.xsum.data() + r * G + g, G};
             isa::tile(static_cast<int>(std::min<int64_t>(isa::kTileRows, rows - t)), gg, xr,
                       o.data() + t * kBlockN);
