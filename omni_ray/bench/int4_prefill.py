@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(c < 64 or c % 64 for c in chunks):
         p.error(f"--chunks must be multiples of 64, got {a.chunks!r}")
     if a.clock == "thread" and a.threads != 1:
-        p.error("--clock thread needs --threads 1 (other threads' work is not the caller's CPU time)")
+        p.error("--clock thread needs --threads 1 (other threads' work is not the caller's "
+                "CPU time)")
     import torch
 
     from vllm_omni.ops import native

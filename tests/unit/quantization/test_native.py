@@ -111,8 +111,8 @@ def test_every_set_gives_the_same_bits(n, k, group_size, rows):
             assert torch.equal(a, b), f"{name} {what} differs from {SETS[0]}"
 
 
-# (N, K, group): tail blocks of 16 and 48 rows (N % 64), group counts that no tile divides (K / group
-# = 3, 38), a real gate_up shape.
+# (N, K, group): tail blocks of 16 and 48 rows (N % 64), group counts that no tile divides
+# (K / group = 3, 38), a real gate_up shape.
 GEMM_SHAPES = [(208, 96, 32), (240, 4864, 128), (9728, 896, 128), (192, 512, 64)]
 
 
