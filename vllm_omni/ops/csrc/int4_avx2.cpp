@@ -224,8 +224,8 @@ inline void finish_row32(const GemmGroup& gg, const GemmRows& x, int r, int h,
     const int j = 32 * h + 8 * i;
     float* y = o + r * kBlockN + j;
     const __m256i dot = _mm256_sub_epi32(acc[i], bias);
-    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_load_ps(gg.sc + j), step),
-                               _mm256_loadu_ps(y));
+    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                               _mm256_mul_ps(_mm256_load_ps(gg.sc + j), step), _mm256_loadu_ps(y));
     v = _mm256_fmadd_ps(_mm256_load_ps(gg.ze + j), xsum, v);
     _mm256_storeu_ps(y, v);
   }
@@ -272,7 +272,8 @@ inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
 // 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
 inline void store64(const float* o, at::BFloat16* out) {
   for (int i = 0; i < 8; ++i)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * i), fp32x8_to_bf16(_mm256_loadu_ps(o + 8 * i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * i),
+                     fp32x8_to_bf16(_mm256_loadu_ps(o + 8 * i)));
 }
 
 inline __m256 load8(const at::BFloat16* p) { return bf16x8_to_fp32(p); }

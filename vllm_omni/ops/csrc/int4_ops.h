@@ -153,7 +153,8 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
         for (int64_t g = 0; g < G; ++g) {
           isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
           const at::BFloat16* s = sz + (g * N + n0) * 2;
-          for (int j = 0; j < kBlockN; ++j) sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
+          for (int j = 0; j < kBlockN; ++j)
+            sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
           const GemmGroup gg{qb.data(), gs / 2, sc, ze};
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
