@@ -6,16 +6,20 @@ For each distinct linear of the shape (q/k/v merged, o, gate/up merged, down, th
 rows of x, times side by side in one process, interleaved repetition by repetition (median):
 
 - ``onednn_bf16``: what vLLM bf16 runs, ``_C.onednn_mm`` on weights prepacked once at load;
-- ``dequant``: cpu_int4's dequantization of the whole weight to bf16 W^T (the kernel set in use);
-- ``mm_plain``: ``torch.mm(x, W^T)`` on that plain bf16 W^T, the matmul of the branch;
-- ``int4_dense``: the whole branch as a model calls it (``cpu_int4_linear`` at threshold 0);
-- ``chunked_<c>``: the branch done in chunks of ``c`` output rows (dequantize a chunk, multiply
-  it into its columns of y), so that a chunk's bf16 weights are still in cache when the matmul
-  reads them; ``--chunks`` lists the sizes.
+- ``int4_dense``: cpu_int4's many-row branch as a model calls it (``cpu_int4_linear`` at
+  threshold 0): the integer GEMM of the kernel set in use (``int4_gemm``);
+- ``int4_gemm``: that GEMM called directly (the op's dispatch and bias handling aside);
+- ``dequant``: the dequantization of the whole weight to bf16 W^T (the kernel set in use);
+- ``mm_plain``: ``torch.mm(x, W^T)`` on that plain bf16 W^T: ``dequant + mm_plain`` was the
+  branch before the integer GEMM;
+- ``chunked_<c>``: that earlier branch done in chunks of ``c`` output rows (dequantize a chunk,
+  multiply it into its columns of y); ``--chunks`` lists the sizes (none by default).
 
-``int4_dense`` is about ``dequant + mm_plain``; ``mm_plain`` against ``onednn_bf16`` is what the
-unpacked weight layout costs the matmul. Random weights (speed does not depend on values).
-Writes ``<out>/<UTC timestamp>.json`` with provenance; run it on an otherwise idle machine.
+Random weights (speed does not depend on values). ``VLLM_OMNI_INT4_ISA=avx2`` in the
+environment measures the avx2 set (oneDNN keeps what the CPU has). ``--threads 1 --clock
+thread`` times the caller's CPU time on one core: on a machine others load, what their
+processes take of the core drops out (their share of caches and memory does not). Writes
+``<out>/<UTC timestamp>.json`` with provenance; run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from omni_ray.models.build import get_shape
 
 
 def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
-            chunks: list[int]) -> list[dict]:
+            chunks: list[int], clock=time.perf_counter) -> list[dict]:
     import torch
     import vllm._custom_ops as ops
 
@@ -51,7 +55,8 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
             fns = {"onednn_bf16": lambda: ops.onednn_mm(handler, x, None),
                    "dequant": lambda: kern.int4_dequant_t(packed, sz, GROUP_SIZE, 0, n),
                    "mm_plain": lambda: torch.mm(x, wt),
-                   "int4_dense": lambda: op(x, packed, sz, GROUP_SIZE, 0)}
+                   "int4_dense": lambda: op(x, packed, sz, GROUP_SIZE, 0),
+                   "int4_gemm": lambda: kern.int4_gemm(x, packed, sz, GROUP_SIZE)}
             for c in chunks:
                 fns[f"chunked_{c}"] = lambda c=c, x=x: _chunked(kern, x, packed, sz, n, c)
             ms: dict[str, list[float]] = {name: [] for name in fns}
@@ -59,9 +64,9 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
                 fn()  # warm-up
             for _ in range(reps):
                 for name, fn in fns.items():
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     fn()
-                    ms[name].append((time.perf_counter() - t0) * 1e3)
+                    ms[name].append((clock() - t0) * 1e3)
             med = {name: statistics.median(v) for name, v in ms.items()}
             out.append({"n": n, "k": k, "rows": m, "median_ms": med, "ms": ms,
                         "int4_dense_over_onednn": med["int4_dense"] / med["onednn_bf16"]})
@@ -83,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--rows", default="128,512", help="rows of x (prompt tokens), comma-separated")
     p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--chunks", default="256,1024", help="output rows per chunk, comma-separated "
-                   "(multiples of 64)")
+    p.add_argument("--chunks", default="", help="output rows per chunk of the dequantizing "
+                   "branch, comma-separated (multiples of 64)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                   help="thread: the calling thread's CPU time (needs --threads 1; what other "
+                   "processes take of the core is not counted, their share of caches and memory "
+                   "is)")
     p.add_argument("--out", default="results/int4_prefill/")
     a = p.parse_args(argv)
     rows = [int(r) for r in a.rows.split(",") if r.strip()]
@@ -93,11 +103,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--rows must be positive integers and --reps >= 1, got {a.rows!r}, {a.reps}")
     if any(c < 64 or c % 64 for c in chunks):
         p.error(f"--chunks must be multiples of 64, got {a.chunks!r}")
+    if a.clock == "thread" and a.threads != 1:
+        p.error("--clock thread needs --threads 1 (other threads' work is not the caller's "
+                "CPU time)")
+    import torch
+
     from vllm_omni.ops import native
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    clock = time.thread_time if a.clock == "thread" else time.perf_counter
     shapes = list(dict.fromkeys(layer_shapes(get_shape(a.shape))))
     body = {"shape": a.shape, "group_size": GROUP_SIZE, "kernel_set": native.kernel_set(),
-            "records": measure(shapes, rows, a.reps, chunks)}
+            "threads": torch.get_num_threads(), "clock": a.clock,
+            "records": measure(shapes, rows, a.reps, chunks, clock)}
     totals = {}
     counts = {s: layer_shapes(get_shape(a.shape)).count(s) for s in shapes}
     for r in body["records"]:  # a forward's worth: each shape times how often the model has it

@@ -1,11 +1,13 @@
-"""Microbenchmark behind cpu_int4's ``row_threshold``: int4 GEMM vs dequantize + bf16 F.linear.
+"""Microbenchmark behind cpu_int4's ``row_threshold``: the op's few-row vs many-row branch.
 
     python -m vllm_omni.ops.int4_bench [--shapes 2048x2048,6144x2048] [--rows 1,2,4,...]
 
 For each weight shape [N, K] and row count it times the op's two branches (and plain bf16
-``F.linear`` for reference) and prints the smallest row count from which the dequantize branch
-is at least as fast as the int4 GEMM on every shape: the value to use as ``row_threshold`` on
-this machine. Timings are medians of short repeats; run it on an otherwise idle machine.
+``F.linear`` for reference) and prints the smallest row count from which the many-row branch
+is at least as fast as the few-row one on every shape: the value to use as ``row_threshold`` on
+this machine. With a native kernel set the branches are the int4 GEMV and the int4 GEMM (same
+bits, so only speed is at stake); with the Python kernels, torch's int4 GEMM and dequantize +
+bf16 matmul. Timings are medians of short repeats; run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _median_us(fn, repeats: int, min_time_s: float = 0.05) -> float:
 
 def measure(shapes: list[tuple[int, int]], rows: list[int], group_size: int = 128,
             repeats: int = 5) -> list[dict]:
-    """One record per (shape, rows): int4_us, dequant_us, bf16_us."""
+    """One record per (shape, rows): few_us (the op below its threshold), many_us (at or above
+    it), bf16_us."""
     op = int4_linear.op()
     out = []
     gen = torch.Generator().manual_seed(0)
@@ -50,19 +53,19 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], group_size: int = 12
         for r in rows:
             x = torch.randn(r, k, generator=gen).to(torch.bfloat16)
             rec = {"n": n, "k": k, "rows": r,
-                   "int4_us": _median_us(lambda: op(x, packed, sz, group_size, 1 << 30), repeats),
-                   "dequant_us": _median_us(lambda: op(x, packed, sz, group_size, 0), repeats),
+                   "few_us": _median_us(lambda: op(x, packed, sz, group_size, 1 << 30), repeats),
+                   "many_us": _median_us(lambda: op(x, packed, sz, group_size, 0), repeats),
                    "bf16_us": _median_us(lambda: F.linear(x, w), repeats)}
             out.append(rec)
     return out
 
 
 def threshold(records: list[dict]) -> int | None:
-    """Smallest row count from which dequantize+F.linear wins on every shape (and stays won)."""
+    """Smallest row count from which the many-row branch wins on every shape (and stays won)."""
     rows = sorted({r["rows"] for r in records})
     for i, r in enumerate(rows):
         later = [x for x in records if x["rows"] >= rows[i]]
-        if all(x["dequant_us"] <= x["int4_us"] for x in later):
+        if all(x["many_us"] <= x["few_us"] for x in later):
             return r
     return None
 
@@ -83,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     recs = measure(shapes, rows, a.group_size, a.repeats)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"group {a.group_size}")
-    print(f"{'N x K':>12} {'rows':>5} {'int4 us':>10} {'dequant us':>11} {'bf16 us':>10}")
+    print(f"{'N x K':>12} {'rows':>5} {'few us':>10} {'many us':>10} {'bf16 us':>10}")
     for r in recs:
-        print(f"{r['n']:>5} x {r['k']:<5} {r['rows']:>5} {r['int4_us']:>10.1f} "
-              f"{r['dequant_us']:>11.1f} {r['bf16_us']:>10.1f}")
+        print(f"{r['n']:>5} x {r['k']:<5} {r['rows']:>5} {r['few_us']:>10.1f} "
+              f"{r['many_us']:>10.1f} {r['bf16_us']:>10.1f}")
     print(f"row_threshold: {threshold(recs)}")
     return 0
 

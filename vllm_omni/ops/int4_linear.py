@@ -1,13 +1,15 @@
 """``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
 
-Below ``row_threshold`` rows (decode) it runs an int4 GEMV on the packed weight; at or above it
-(prefill) it dequantizes the same pack to bf16 W^T, chunk by chunk, and uses a bf16 matmul
-(oneDNN), which is faster for many rows. When one of vllm_omni's native kernel sets loads
-(:mod:`vllm_omni.ops.native`: avx512, avx2 or portable), the op's CPU kernel is its C++ twin of
-:func:`cpu_int4_linear` (same branches, same values, no Python per call). Otherwise the Python
-function here is the kernel: decode runs torch's ``_weight_int4pack_mm_for_cpu`` where torch's
-build reads vllm_omni's layout (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only), and
-the dequantized matmul elsewhere (slower, still correct). Being one opaque op,
+With one of vllm_omni's native kernel sets (:mod:`vllm_omni.ops.native`: avx512, avx2 or
+portable), below ``row_threshold`` rows (decode) it runs the int4 GEMV on the packed weight, at or
+above it (prefill) the int4 GEMM, which takes the same integer dot products register-blocked over
+several rows of x: both give the same bits for a row, so the threshold is a matter of speed only.
+The op's CPU kernel is then the set's C++ twin of :func:`cpu_int4_linear` (same branches, same
+values, no Python per call). Otherwise the Python function here is the kernel: decode runs torch's
+``_weight_int4pack_mm_for_cpu`` where torch's build reads vllm_omni's layout
+(:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
+dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
+rounding). Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
 ``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
 and must be part of the quantization config (which keys vLLM's compile cache).
@@ -42,14 +44,16 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
         x2 = x2.to(torch.bfloat16)
     rows = x2.shape[0]
     fast = native.available()
-    if rows < row_threshold and fast:
-        y = native.ops().int4_gemv(x2, packed, scales_zeros, group_size)
+    if fast:
+        kernels = native.ops()
+        mul = kernels.int4_gemv if rows < row_threshold else kernels.int4_gemm
+        y = mul(x2, packed, scales_zeros, group_size)
     elif rows < row_threshold and n % int4_pack.BLOCK_N == 0 and int4_pack.torch_reads_pack():
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
                                                        scales_zeros)
     else:
         y = None
-        for r, wt in _dequantize_t_chunks(packed, scales_zeros, group_size, k, fast):
+        for r, wt in int4_pack.dequantize_t_chunks(packed, scales_zeros, k):
             if wt.shape[1] == n:  # one chunk: the whole weight
                 y = torch.mm(x2, wt)
             else:
@@ -59,20 +63,6 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], n).to(x.dtype)
-
-
-def _dequantize_t_chunks(packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int,
-                         k: int, fast: bool):
-    """(first row, bf16 W^T chunk [K, rows]) over chunks of whole blocks, natively if ``fast``."""
-    if not fast:
-        yield from int4_pack.dequantize_t_chunks(packed, scales_zeros, k)
-        return
-    n = scales_zeros.shape[1]
-    step = int4_pack.chunk_rows(k)
-    kernels = native.ops()
-    for r in range(0, n, step):
-        end = min(n, r + step)
-        yield r, kernels.int4_dequant_t(packed, scales_zeros, group_size, r, end)
 
 
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,

@@ -54,12 +54,16 @@ from vllm_omni.quantization import grid
 logger = logging.getLogger("vllm.omni")
 
 QUANT_METHOD = "cpu_int4"
-# Rows from which the op dequantizes and uses a bf16 matmul instead of the int4 GEMM.
-# Measured with `python -m vllm_omni.ops.int4_bench --shapes 1152x896,896x896,9728x896,
-# 896x4864,32000x896 --rows 1,2,4,8,12,16,24,32,64` (the qwen2.5-0.5b shapes, 2 threads, native
+# Rows from which the op takes its many-row branch: with native kernels the int4 GEMM instead
+# of the GEMV (the same bits, so speed only), with the Python ones dequantize + bf16 matmul
+# instead of torch's int4 GEMM. The value was measured for the GEMV against dequantize +
+# matmul, before the GEMM existed, with `python -m vllm_omni.ops.int4_bench --shapes 1152x896,
+# 896x896,9728x896,896x4864,32000x896 --rows 1,2,4,8,12,16,24,32,64` (the qwen2.5-0.5b shapes, 2 threads, native
 # kernels, idle 2-core AVX-512 VM): at 32 rows dequantize+matmul won on all 5 shapes (1.2x to
 # 1.9x), at 24 on 4 (not the 32000-row head), at 16 on none. With torch's kernels the crossover was
-# 128. Re-measure on the target machine and write the value into the checkpoint's config.
+# 128. Against the GEMM, throwaway runs on a loaded machine put the crossover between 8 and 32
+# rows on these shapes, too noisy to move the value. Re-measure on the target machine
+# (int4_bench compares the two branches) and write the value into the checkpoint's config.
 DEFAULT_ROW_THRESHOLD = 32
 # The kernel's N granularity (output rows).
 N_MULTIPLE = 16

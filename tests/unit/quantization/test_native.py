@@ -92,8 +92,8 @@ SHAPES = [(192, 512, 128, 1), (208, 256, 64, 2), (336, 128, 128, 3), (896, 4864,
 
 @pytest.mark.parametrize("n,k,group_size,rows", SHAPES)
 def test_every_set_gives_the_same_bits(n, k, group_size, rows):
-    """One arithmetic on every CPU (csrc/int4_base.h): the GEMV, the dequantization and the
-    argmax of every set this CPU runs are bitwise equal, so greedy tokens cannot depend on the
+    """One arithmetic on every CPU (csrc/int4_base.h): the GEMV, the GEMM, the dequantization and
+    the argmax of every set this CPU runs are bitwise equal, so greedy tokens cannot depend on the
     kernel set."""
     if len(SETS) < 2:
         pytest.skip(f"only the {SETS[0]} set runs on this CPU: nothing to compare it with")
@@ -101,14 +101,65 @@ def test_every_set_gives_the_same_bits(n, k, group_size, rows):
     x = _x(rows, n, k)
     logits = torch.randn(rows, n, generator=torch.Generator().manual_seed(k)).bfloat16()
     first = native.ops(SETS[0])
-    want = (first.int4_gemv(x, packed, sz, group_size),
+    want = (first.int4_gemv(x, packed, sz, group_size), first.int4_gemm(x, packed, sz, group_size),
             first.int4_dequant_t(packed, sz, group_size, 0, n), first.greedy_argmax(logits))
     for name in SETS[1:]:
         ops = native.ops(name)
-        got = (ops.int4_gemv(x, packed, sz, group_size),
+        got = (ops.int4_gemv(x, packed, sz, group_size), ops.int4_gemm(x, packed, sz, group_size),
                ops.int4_dequant_t(packed, sz, group_size, 0, n), ops.greedy_argmax(logits))
-        for a, b, what in zip(want, got, ("gemv", "dequant", "argmax")):
+        for a, b, what in zip(want, got, ("gemv", "gemm", "dequant", "argmax")):
             assert torch.equal(a, b), f"{name} {what} differs from {SETS[0]}"
+
+
+# (N, K, group): tail blocks of 16 and 48 rows (N % 64), group counts that no tile divides
+# (K / group = 3, 38), a real gate_up shape.
+GEMM_SHAPES = [(208, 96, 32), (240, 4864, 128), (9728, 896, 128), (192, 512, 64)]
+
+
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("n,k,group_size", GEMM_SHAPES)
+@pytest.mark.parametrize("rows", [1, 7, 128])
+def test_gemm_gives_each_row_the_bits_of_that_row_alone(name, n, k, group_size, rows):
+    """Prefill and decode are one arithmetic: row r of an int4_gemm of many rows has the bits the
+    GEMV gives for row r alone, whatever the tile (6 rows on avx512, 2 on avx2) does with the
+    others, and the bits of the portable set."""
+    packed, sz, _ = _layer(group_size, n=n, k=k)
+    x = _x(rows, n + rows, k)
+    x[0, ::5] *= 1e-4  # a wide range inside a group
+    ops = native.ops(name)
+    y = ops.int4_gemm(x, packed, sz, group_size)
+    assert y.shape == (rows, n) and y.dtype == torch.bfloat16
+    for r in {0, rows // 2, rows - 1}:
+        assert torch.equal(y[r:r + 1], ops.int4_gemv(x[r:r + 1], packed, sz, group_size)), r
+        assert torch.equal(y[r:r + 1], ops.int4_gemm(x[r:r + 1], packed, sz, group_size)), r
+    assert torch.equal(y, ops.int4_gemv(x, packed, sz, group_size))
+    if name != "portable":
+        assert torch.equal(y, native.ops("portable").int4_gemm(x, packed, sz, group_size))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_gemm_rows_past_one_pass_over_the_block(name):
+    """More rows than one pass over a block's groups keeps in its fp32 buffer (256 rounded down
+    to whole tiles): the second pass starts from zero, at its own rows' code pairs, and lands in
+    its own rows (a pass of 256 rows once read the wrong pairs on avx512, whose tiles are 6)."""
+    packed, sz, _ = _layer(64, n=N, k=128)
+    x = _x(300, 9, 128)
+    y = native.ops(name).int4_gemm(x, packed, sz, 64)
+    assert torch.equal(y, native.ops(name).int4_gemv(x, packed, sz, 64))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_gemm_is_the_fixed_point_product(name):
+    """Not only equal to the GEMV: within the GEMV's bound of the exact product of x in fixed
+    point and the dequantized weight."""
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(4)).bfloat16()
+    qw = grid.quantize(w, 128)
+    packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
+    x = _x(40, 11)
+    x[3, 7] = 30.0
+    y = native.ops(name).int4_gemm(x, packed, sz, 128).double()
+    fixed = _fixed_point_reference(x, grid.dequantize(qw, torch.float32), 128)
+    assert (y - fixed).abs().max() <= fixed.abs().max() * 2 ** -8
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -156,6 +207,10 @@ def test_kernels_refuse_what_they_cannot_read(name):
         ops.int4_gemv(_x(1, 0), packed[:-16], sz, 128)
     with pytest.raises(RuntimeError, match="G \\* group_size"):
         ops.int4_gemv(_x(1, 0, 256), packed, sz, 128)
+    with pytest.raises(RuntimeError, match="G \\* group_size"):  # K not a multiple of the group
+        ops.int4_gemm(_x(3, 0, K + 32), packed, sz, 128)
+    with pytest.raises(RuntimeError, match="N \\* K / 2 bytes"):
+        ops.int4_gemm(_x(3, 0), packed[:-16], sz, 128)
 
 
 def _python_op(*args, native_ok=True, monkeypatch=None):
@@ -197,7 +252,9 @@ def test_native_op_equals_its_python_twin(rows, threshold, n, monkeypatch):
     if rows < threshold:
         assert torch.equal(fast, ops.int4_gemv(x, packed, sz, 64) + bias)
     else:
-        assert torch.equal(fast, torch.mm(x, ops.int4_dequant_t(packed, sz, 64, 0, n)) + bias)
+        assert torch.equal(fast, ops.int4_gemm(x, packed, sz, 64) + bias)
+    # either branch: the same bits
+    assert torch.equal(fast, op(x, packed, sz, 64, 0 if rows < threshold else 10 ** 6, bias))
     # leading dimensions and a float32 input come back as they went in
     x3 = x.float().view(1, rows, K)
     y3 = op(x3, packed, sz, 64, threshold)
@@ -210,17 +267,6 @@ def test_native_op_equals_its_python_twin(rows, threshold, n, monkeypatch):
         ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz) + bias
         assert torch.equal(slow, ref)
     assert (fast.float() - slow.float()).abs().max() <= slow.float().abs().max() * 2 ** -6
-
-
-@needs_native
-def test_native_op_chunks_the_many_row_path_like_python():
-    """A weight wider than one dequantized chunk: the C++ loop over chunks must fill every
-    column (int4_pack.chunk_rows(K) rows per chunk: 64 MiB / 4K = 32768 rows here)."""
-    n = int4_pack.chunk_rows(K) + 208  # and a tail block in the last chunk
-    packed, sz, w = _layer(128, n=n)
-    x = torch.randn(40, K).bfloat16()
-    y = int4_linear.op()(x, packed, sz, 128, 32)
-    assert torch.equal(y, _python_op(x, packed, sz, 128, 32, None))
 
 
 @needs_native

@@ -185,6 +185,97 @@ void dequant64(const uint8_t* p, const at::BFloat16* sz, int64_t gs, at::BFloat1
   }
 }
 
+// ---- The GEMM (int4_base.h): vpmaddwd multiplies 8 dwords of code pairs (q[2kp], q[2kp+1]) by
+// one row's broadcast pair of fixed-point codes, giving both products' sum per int32 lane (exact:
+// at most 2 * 15 * 16383), added into the row's accumulators. A tile is 2 rows x 32 outputs at
+// a time (8 accumulators, 4 registers of codes), over the two halves of the block.
+
+// The unpacking: 16 rows' codes of k (a) and k + 1 (b), as bytes, into 16 dwords of pairs.
+inline void pairs16(__m128i a, __m128i b, int32_t* qb) {
+  const __m256i aw = _mm256_cvtepu8_epi16(a), bw = _mm256_cvtepu8_epi16(b);
+  const __m256i lo = _mm256_unpacklo_epi16(aw, bw), hi = _mm256_unpackhi_epi16(aw, bw);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
+inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t kp = 0; kp < gs / 2; ++kp, p += 64, qb += kBlockN) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+    const __m256i al = _mm256_and_si256(a, nibble), bl = _mm256_and_si256(b, nibble);
+    const __m256i ah = _mm256_and_si256(_mm256_srli_epi16(a, 4), nibble);
+    const __m256i bh = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+    pairs16(_mm256_castsi256_si128(al), _mm256_castsi256_si128(bl), qb);  // rows 0..15
+    pairs16(_mm256_extracti128_si256(al, 1), _mm256_extracti128_si256(bl, 1), qb + 16);
+    pairs16(_mm256_castsi256_si128(ah), _mm256_castsi256_si128(bh), qb + 32);  // rows 32..47
+    pairs16(_mm256_extracti128_si256(ah, 1), _mm256_extracti128_si256(bh, 1), qb + 48);
+  }
+}
+
+constexpr int kTileRows = 2;
+
+// The float finishing of one group for row r and outputs h * 32 .. h * 32 + 31.
+inline void finish_row32(const GemmGroup& gg, const GemmRows& x, int r, int h,
+                         const __m256i (&acc)[4], float* o) {
+  const __m256i bias = _mm256_set1_epi32(8 * x.csum[r * x.ldm]);
+  const __m256 step = _mm256_set1_ps(x.step[r * x.ldm]), xsum = _mm256_set1_ps(x.xsum[r * x.ldm]);
+  for (int i = 0; i < 4; ++i) {
+    const int j = 32 * h + 8 * i;
+    float* y = o + r * kBlockN + j;
+    const __m256i dot = _mm256_sub_epi32(acc[i], bias);
+    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                               _mm256_mul_ps(_mm256_load_ps(gg.sc + j), step), _mm256_loadu_ps(y));
+    v = _mm256_fmadd_ps(_mm256_load_ps(gg.ze + j), xsum, v);
+    _mm256_storeu_ps(y, v);
+  }
+}
+
+// Named accumulators, not an array: GCC keeps arrays of vectors this size in memory.
+template <int R>
+void tile_madd(const GemmGroup& gg, const GemmRows& x, float* o) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a02 = a00, a03 = a00;
+    __m256i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    const int32_t* qb = gg.qb + 32 * h;
+    const int32_t* c2 = x.c2;  // row r's pair kp at c2[kp * kTileRows + r]
+    for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN, c2 += kTileRows) {
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb));
+      const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 8));
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 16));
+      const __m256i q3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 24));
+      const __m256i c0 = _mm256_set1_epi32(c2[0]);
+      a00 = _mm256_add_epi32(a00, _mm256_madd_epi16(q0, c0));
+      a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(q1, c0));
+      a02 = _mm256_add_epi32(a02, _mm256_madd_epi16(q2, c0));
+      a03 = _mm256_add_epi32(a03, _mm256_madd_epi16(q3, c0));
+      if constexpr (R > 1) {
+        const __m256i c1 = _mm256_set1_epi32(c2[1]);
+        a10 = _mm256_add_epi32(a10, _mm256_madd_epi16(q0, c1));
+        a11 = _mm256_add_epi32(a11, _mm256_madd_epi16(q1, c1));
+        a12 = _mm256_add_epi32(a12, _mm256_madd_epi16(q2, c1));
+        a13 = _mm256_add_epi32(a13, _mm256_madd_epi16(q3, c1));
+      }
+    }
+    finish_row32(gg, x, 0, h, {a00, a01, a02, a03}, o);
+    if constexpr (R > 1) finish_row32(gg, x, 1, h, {a10, a11, a12, a13}, o);
+  }
+}
+
+inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
+  if (rows == 2)
+    tile_madd<2>(gg, x, o);
+  else
+    tile_madd<1>(gg, x, o);
+}
+
+// 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
+inline void store64(const float* o, at::BFloat16* out) {
+  for (int i = 0; i < 8; ++i)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * i),
+                     fp32x8_to_bf16(_mm256_loadu_ps(o + 8 * i)));
+}
+
 inline __m256 load8(const at::BFloat16* p) { return bf16x8_to_fp32(p); }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 

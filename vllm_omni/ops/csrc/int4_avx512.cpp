@@ -183,6 +183,111 @@ void dequant64(const uint8_t* p, const at::BFloat16* sz, int64_t gs, at::BFloat1
   }
 }
 
+// ---- The GEMM (int4_base.h): vpdpwssd multiplies 16 dwords of code pairs (q[2kp], q[2kp+1]) by
+// one row's broadcast pair of fixed-point codes and adds both products into each int32 lane: 32
+// multiply-adds per instruction, one instruction per row, 16 outputs and two k. A tile holds R
+// rows x 64 outputs in 4R accumulators; the 4 registers of codes serve all R rows.
+
+// The unpacking: vpermb puts, for 16 rows, byte j of k (low 16 bits of a dword) and byte j of
+// k + 1 (high 16 bits) of the 64 bytes of k, k + 1; the low nibbles are rows j, the high ones
+// rows j + 32.
+struct PairIndex {
+  alignas(64) uint8_t bytes[64];
+};
+constexpr PairIndex pair_index(int first) {
+  PairIndex q{};
+  for (int n = 0; n < 16; ++n) {
+    q.bytes[4 * n] = static_cast<uint8_t>(first + n);
+    q.bytes[4 * n + 1] = 0;
+    q.bytes[4 * n + 2] = static_cast<uint8_t>(32 + first + n);
+    q.bytes[4 * n + 3] = 0;
+  }
+  return q;
+}
+constexpr PairIndex kPairLo = pair_index(0), kPairHi = pair_index(16);
+
+inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
+  const __m512i index_lo = _mm512_load_si512(kPairLo.bytes);
+  const __m512i index_hi = _mm512_load_si512(kPairHi.bytes);
+  const __m512i nibble = _mm512_set1_epi32(0x000F000F);
+  for (int64_t kp = 0; kp < gs / 2; ++kp, p += 64, qb += kBlockN) {
+    const __m512i v = _mm512_loadu_si512(p);
+    const __m512i lo = _mm512_permutexvar_epi8(index_lo, v);  // rows 0..15 | 32..47
+    const __m512i hi = _mm512_permutexvar_epi8(index_hi, v);  // rows 16..31 | 48..63
+    _mm512_storeu_si512(qb, _mm512_and_si512(lo, nibble));
+    _mm512_storeu_si512(qb + 16, _mm512_and_si512(hi, nibble));
+    _mm512_storeu_si512(qb + 32, _mm512_and_si512(_mm512_srli_epi16(lo, 4), nibble));
+    _mm512_storeu_si512(qb + 48, _mm512_and_si512(_mm512_srli_epi16(hi, 4), nibble));
+  }
+}
+
+constexpr int kTileRows = 6;  // 24 accumulators + 4 registers of codes + the broadcast
+
+// The float finishing of one group for row r of a tile, 64 outputs in 4 accumulators that
+// started at -8 * csum (so they hold sum (q - 8) * c). Inlined: a call would take the
+// accumulators through memory.
+__attribute__((always_inline)) inline void finish_row(const GemmGroup& gg, const GemmRows& x,
+                                                      int r, const __m512i (&acc)[4], float* o) {
+  const __m512 step = _mm512_set1_ps(x.step[r * x.ldm]), xsum = _mm512_set1_ps(x.xsum[r * x.ldm]);
+  for (int i = 0; i < 4; ++i) {
+    float* y = o + r * kBlockN + 16 * i;
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]),
+                               _mm512_mul_ps(_mm512_load_ps(gg.sc + 16 * i), step),
+                               _mm512_loadu_ps(y));
+    v = _mm512_fmadd_ps(_mm512_load_ps(gg.ze + 16 * i), xsum, v);
+    _mm512_storeu_ps(y, v);
+  }
+}
+
+// R rows x 64 outputs. The accumulators are named variables, not an array: GCC keeps an array
+// of 16 or more vectors in memory and stores every update (2.7x slower, measured).
+template <int R>
+void tile_vnni(const GemmGroup& gg, const GemmRows& x, float* o) {
+  const int32_t* qb = gg.qb;
+#define OMNI_ROW(r)                                                         \
+  if constexpr (R > r) {                                                    \
+    const __m512i c = _mm512_set1_epi32(c2[r]);                              \
+    acc##r##0 = _mm512_dpwssd_epi32(acc##r##0, q0, c);                      \
+    acc##r##1 = _mm512_dpwssd_epi32(acc##r##1, q1, c);                      \
+    acc##r##2 = _mm512_dpwssd_epi32(acc##r##2, q2, c);                      \
+    acc##r##3 = _mm512_dpwssd_epi32(acc##r##3, q3, c);                      \
+  }
+#define OMNI_ACC(r)                                                                       \
+  __m512i acc##r##0 = _mm512_set1_epi32(R > r ? -8 * x.csum[r * x.ldm] : 0),              \
+          acc##r##1 = acc##r##0, acc##r##2 = acc##r##0, acc##r##3 = acc##r##0;
+  OMNI_ACC(0) OMNI_ACC(1) OMNI_ACC(2) OMNI_ACC(3) OMNI_ACC(4) OMNI_ACC(5)
+  const int32_t* c2 = x.c2;  // row r's pair kp at c2[kp * kTileRows + r]
+  for (int64_t kp = 0; kp < gg.kpairs; ++kp, qb += kBlockN, c2 += kTileRows) {
+    const __m512i q0 = _mm512_loadu_si512(qb), q1 = _mm512_loadu_si512(qb + 16);
+    const __m512i q2 = _mm512_loadu_si512(qb + 32), q3 = _mm512_loadu_si512(qb + 48);
+    OMNI_ROW(0) OMNI_ROW(1) OMNI_ROW(2) OMNI_ROW(3) OMNI_ROW(4) OMNI_ROW(5)
+  }
+#define OMNI_FINISH(r) \
+  if constexpr (R > r) finish_row(gg, x, r, {acc##r##0, acc##r##1, acc##r##2, acc##r##3}, o);
+  OMNI_FINISH(0) OMNI_FINISH(1) OMNI_FINISH(2) OMNI_FINISH(3) OMNI_FINISH(4) OMNI_FINISH(5)
+#undef OMNI_ACC
+#undef OMNI_ROW
+#undef OMNI_FINISH
+}
+
+// 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
+inline void store64(const float* o, at::BFloat16* out) {
+  for (int i = 0; i < 4; ++i)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * i),
+                        fp32x16_to_bf16(_mm512_loadu_ps(o + 16 * i)));
+}
+
+inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
+  switch (rows) {
+    case 6: return tile_vnni<6>(gg, x, o);
+    case 5: return tile_vnni<5>(gg, x, o);
+    case 4: return tile_vnni<4>(gg, x, o);
+    case 3: return tile_vnni<3>(gg, x, o);
+    case 2: return tile_vnni<2>(gg, x, o);
+    default: return tile_vnni<1>(gg, x, o);
+  }
+}
+
 // The greedy argmax: 16 values per instruction, a pass for the maximum and one for the first
 // index that holds it (torch's argmax compares one value at a time: ~36 us at a 32k vocabulary).
 inline __m512 load16(const at::BFloat16* p) { return bf16x16_to_fp32(p); }

@@ -6,11 +6,18 @@
 //   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
 //                               L2, 1 = non-temporal; a set may ignore it)
 //   dequant64(...)              one group of W^T for one full block
+//   kTileRows                   rows of x per GEMM tile
+//   unpack64(p, gs, qb)         one group of a full block for the GEMM (omni::unpack_scalar's)
+//   tile(rows, group, x, o)     the GEMM of rows <= kTileRows rows of x times one unpacked group,
+//                               added into o (omni::tile_scalar's bits)
+//   store64(o, out)             64 fp32 outputs rounded to bf16 (omni::to_bf16's bits)
 //   argmax(row, n)              per row of bf16 / fp32 logits (see greedy_argmax)
 // and OMNI_NS, the torch.ops namespace of this library (vllm_omni_<set>). Every set's library can
 // be loaded into one process (each has its own namespace): tests compare them bit for bit.
 //
 // OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size): y = x @ W^T for a few rows of x.
+// OMNI_NS::int4_gemm(x, packed, scales_zeros, group_size): y = x @ W^T for many rows of x, with
+//   the GEMV's arithmetic: row r of y has the bits int4_gemv gives for row r alone.
 // OMNI_NS::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): bf16 W^T
 //   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
 // OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
@@ -91,6 +98,80 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
+// x in fixed point, rows spread over the threads.
+FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs) {
+  FixedX fx;
+  fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
+      fx.csum.resize(M * G);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      isa::fixed_point(xin + m * K, K, gs, fx.hi.data() + m * K, fx.lo.data() + m * K,
+                       fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
+  });
+  return fx;
+}
+
+// Rows of x per pass over a block's groups: their fp32 outputs (rows x 64) stay in L2. Whole
+// tiles, so that every pass starts at a tile of the interleaved code pairs.
+constexpr int64_t kGemmChunkRows = 256 / isa::kTileRows * isa::kTileRows;
+
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
+                     const at::Tensor& scales_zeros, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
+  const int64_t G = scales_zeros.size(0), gs = group_size;
+  check_pack(packed, scales_zeros, K, group_size);
+  const at::Tensor xc = x.contiguous();
+  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs);
+  // x's code pairs, tile by tile (the last tile's missing rows stay zero and are never read)
+  constexpr int64_t R = isa::kTileRows;
+  std::vector<int32_t> c2((M + R - 1) / R * R * K / 2);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      code_pairs_row(fx.hi.data() + m * K, fx.lo.data() + m * K, K, R,
+                     c2.data() + m / R * R * K / 2 + m % R);
+  });
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const int64_t full = N / kBlockN, tail = N % kBlockN;
+  at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
+    std::vector<int32_t> qb(gs / 2 * kBlockN);
+    std::vector<float> o(std::min(M, kGemmChunkRows) * kBlockN);
+    alignas(64) float sc[kBlockN], ze[kBlockN];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * kBlockN;
+      const uint8_t* wb = w + n0 * K / 2;
+      if (b == full) {  // the tail block: the GEMV's scalar kernel, row by row
+        block_scalar(static_cast<int>(M), wb, tail, sz, N, n0, K, gs, fx, 0, op, N);
+        continue;
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kGemmChunkRows) {
+        const int64_t rows = std::min(kGemmChunkRows, M - m0);
+        std::fill(o.begin(), o.begin() + rows * kBlockN, 0.0f);
+        for (int64_t g = 0; g < G; ++g) {
+          isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
+          const at::BFloat16* s = sz + (g * N + n0) * 2;
+          for (int j = 0; j < kBlockN; ++j)
+            sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
+          const GemmGroup gg{qb.data(), gs / 2, sc, ze};
+          for (int64_t t = 0; t < rows; t += isa::kTileRows) {
+            const int64_t r = m0 + t;
+            const GemmRows xr{c2.data() + r * K / 2 + g * gs / 2 * R, R, fx.step.data() + r * G + g,
+                              fx.csum.data() + r * G + g, fx.xsum.data() + r * G + g, G};
+            isa::tile(static_cast<int>(std::min<int64_t>(isa::kTileRows, rows - t)), gg, xr,
+                      o.data() + t * kBlockN);
+          }
+        }
+        for (int64_t m = 0; m < rows; ++m)
+          isa::store64(o.data() + m * kBlockN, op + (m0 + m) * N + n0);
+      }
+    }
+  });
+  return out;
+}
+
 at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zeros,
                           int64_t group_size, int64_t n_begin, int64_t n_end) {
   const int64_t N = scales_zeros.size(1);
@@ -131,13 +212,6 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
 // calls the linear about a hundred times, and the Python body cost about 8 us per call, more than
 // the GEMV itself takes for a small weight. Same branches and same values as the Python ones.
 
-// Rows of W^T dequantized at once on the many-row path: whole blocks, about 64 MiB of fp32-sized
-// values (int4_pack.chunk_rows with REPACK_CHUNK_BYTES).
-int64_t chunk_rows(int64_t K) {
-  const int64_t rows = ((int64_t{64} << 20) / std::max<int64_t>(1, 4 * K)) / kBlockN * kBlockN;
-  return std::max<int64_t>(kBlockN, rows);
-}
-
 at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
                            const at::Tensor& scales_zeros, int64_t group_size,
                            int64_t row_threshold, const std::optional<at::Tensor>& bias) {
@@ -146,22 +220,9 @@ at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
   if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
   x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
-  at::Tensor y;
-  if (rows < row_threshold) {
-    y = int4_gemv(x2, packed, scales_zeros, group_size);
-  } else {
-    const int64_t step = chunk_rows(K);
-    if (step >= N) {
-      y = at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, 0, N));
-    } else {
-      y = at::empty({rows, N}, x2.options());
-      for (int64_t r = 0; r < N; r += step) {
-        const int64_t end = std::min(N, r + step);
-        y.narrow(1, r, end - r).copy_(
-            at::mm(x2, int4_dequant_t(packed, scales_zeros, group_size, r, end)));
-      }
-    }
-  }
+  // Both branches give the same bits (int4_base.h); the threshold chooses only the speed.
+  at::Tensor y = rows < row_threshold ? int4_gemv(x2, packed, scales_zeros, group_size)
+                                      : int4_gemm(x2, packed, scales_zeros, group_size);
   if (bias.has_value()) y = y + bias->to(y.scalar_type());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(N);
@@ -242,6 +303,7 @@ void register_kernels() {
 
 OMNI_LIBRARY(OMNI_NS, m) {
   m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.def("int4_gemm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
@@ -253,6 +315,7 @@ OMNI_LIBRARY(OMNI_NS, m) {
 
 OMNI_LIBRARY_IMPL(OMNI_NS, CPU, m) {
   m.impl("int4_gemv", &omni::int4_gemv);
+  m.impl("int4_gemm", &omni::int4_gemm);
   m.impl("int4_dequant_t", &omni::int4_dequant_t);
   m.impl("greedy_argmax", &omni::greedy_argmax);
 }

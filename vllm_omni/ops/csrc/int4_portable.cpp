@@ -27,6 +27,18 @@ inline void dequant64(const uint8_t* p, const at::BFloat16* sz, int64_t gs, at::
   dequant_scalar(p, kBlockN, sz, gs, 0, out, ld);
 }
 
+constexpr int kTileRows = 4;
+
+inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) { unpack_scalar(p, gs, qb); }
+
+inline void store64(const float* o, at::BFloat16* out) {
+  for (int j = 0; j < kBlockN; ++j) out[j] = to_bf16(o[j]);
+}
+
+inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
+  tile_scalar(rows, gg, x, o);
+}
+
 template <typename T>
 int64_t argmax(const T* row, int64_t n) {
   return argmax_scalar(row, n);
