@@ -7,7 +7,8 @@ The figures mean what vLLM's do (``omni_ray.engines.vllm.timing_figures``): pref
 one-token run of ``batch`` prompts of ``prompt_len`` token ids, decode per step is
 (N-token run - 1-token run) / (N - 1), after ``prompt_len`` tokens of context; ``context_len``
 runs one prompt of that length first and records the RssAnon it leaves (as vLLM's does, the
-measured prompts do not attend to it). ``detokenize: true`` decodes the output ids to text inside
+measured prompts do not attend to it). The weights are copied into anonymous memory after
+loading (``anonymous_weights``), so RssAnon counts them as it does vLLM's. ``detokenize: true`` decodes the output ids to text inside
 the timed run, as vLLM's detokenizer does per step.
 """
 
@@ -21,6 +22,16 @@ from omni_ray.measure.clock import Stopwatch
 from omni_ray.workload.prompts import token_prompts
 
 TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+def anonymous_weights(model, torch) -> None:
+    """Copy every weight into anonymous memory. transformers maps a safetensors checkpoint of
+    the same dtype and keeps its tensors on the file's pages: RssAnon would then leave the
+    weights out, where vLLM's (and llama.cpp's, run with ``-lm none``) are counted. A tied
+    weight is one parameter and is copied once."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
 
 
 class TransformersEngine:
@@ -45,6 +56,7 @@ class TransformersEngine:
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
                 session.model_path, dtype=getattr(torch, TORCH_DTYPES[session.req.stage.dtype]))
             self.model.eval()
+            anonymous_weights(self.model, torch)
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(session.model_path)
         return {"import_s": imp.elapsed, "init_s": init.elapsed,
                 "attn_implementation": self.model.config._attn_implementation,

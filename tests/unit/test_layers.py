@@ -23,6 +23,8 @@ LAYERS = {
     "omni_ray.monitor": ENGINE_AND_RAY,
     "omni_ray.cli.topology": ENGINE_AND_RAY,
     "omni_ray.api": ("ray", "omni_ray.cli"),
+    # engines import their engine inside load(), in the engine process; never Ray
+    "omni_ray.engines": ENGINE_AND_RAY,
 }
 
 # Imports the package and every module under it, then prints what it pulled in.
