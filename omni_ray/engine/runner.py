@@ -18,7 +18,7 @@ import traceback
 from omni_ray.engine.budget import MiB, kv_bytes_per_token
 from omni_ray.engine.launch import PHASE_MARK
 from omni_ray.measure.clock import Stopwatch
-from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
+from omni_ray.measure.pinning import affinity_tree, bind_slot_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
 from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
@@ -195,7 +195,8 @@ def run(req: dict) -> dict:
     if cpus:
         pinning["pinned_tids"] = len(pin_all_threads(cpus))
     if node is not None:
-        pinning["membind"] = bind_memory(node).to_dict()
+        pinning["membind"] = bind_slot_memory(node, cpus or (), simulated=bool(
+            req.get("simulated"))).to_dict()
 
     with TreeSampler(os.getpid()) as sampler:
         sampler.mark("start")

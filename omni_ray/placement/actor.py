@@ -17,7 +17,7 @@ import ray
 
 from omni_ray.engine.launch import last_phase, launch_arm
 from omni_ray.measure.cpuload import SLOT_MAX_AVG, check_idle
-from omni_ray.measure.pinning import bind_memory, pin_all_threads
+from omni_ray.measure.pinning import bind_slot_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.topology import detect, make_slots
 
@@ -38,7 +38,8 @@ class StageActor:
         self.slot = by_name[slot_name]
         self.tags = tags
         pin_all_threads(self.slot.cpus)
-        self.membind = bind_memory(self.slot.node).to_dict()
+        self.membind = bind_slot_memory(self.slot.node, self.slot.cpus,
+                                        simulated=self.topology.simulated).to_dict()
         self._rss = Gauge("omni_stage_rss_anon_mb", "RssAnon of the stage's engine tree (MiB)",
                           tag_keys=METRIC_TAGS)
         self._tok_s = Gauge("omni_stage_decode_tok_s", "decode tokens/s of the last arm",
@@ -51,7 +52,10 @@ class StageActor:
         self._log_offset = 0
 
     def where(self) -> dict:
+        """Where this arm runs: the Ray node (id, host), the NUMA node and slot, the memory
+        binding, and the topology they come from (``source: simulated`` for simulated sockets)."""
         return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
+                "numa_node": self.slot.node, "simulated": self.topology.simulated,
                 "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind,
                 "topology": self.topology.to_dict()}
 
@@ -78,7 +82,8 @@ class StageActor:
 
     def run(self, req: dict, workdir: str, name: str, timeout_s: float,
             warm_start: bool) -> dict:
-        req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node)
+        req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node,
+                   simulated=self.topology.simulated)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
                             warm_start=warm_start, on_poll=self._poll)
