@@ -47,6 +47,7 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "slot_cores": f.optional(f.integer(gt=0)),
     "nodes": f.optional(f.node_list),
     "max_slots": f.optional(f.integer(gt=0)),
+    "ray_nodes": f.optional(f.ray_node_list),
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -120,12 +121,14 @@ class WorkloadConfig(_Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlacementConfig(_Config):
-    """Where arms run: cores per slot (None = a whole NUMA node), which nodes (None = all) and
-    how many slots at most run at once (None = every free slot)."""
+    """Where arms run: cores per slot (None = a whole NUMA node), which NUMA nodes of each Ray
+    node (None = all), which Ray nodes (labels ``key=value``, host names, addresses or node ids;
+    None = all) and how many slots at most run at once (None = every free slot)."""
 
     slot_cores: int | None = None
     nodes: tuple[int, ...] | None = None
     max_slots: int | None = None
+    ray_nodes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

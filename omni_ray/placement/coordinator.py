@@ -25,7 +25,7 @@ from omni_ray.errors import UserError
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import require_capacity, resource_name
-from omni_ray.placement.schedule import Job, Scheduler, interleaved_jobs
+from omni_ray.placement.schedule import Job, Scheduler, SlotRef, interleaved_jobs, slot_pool
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
 from omni_ray.results.store import read_json, write_json_atomic
@@ -176,13 +176,16 @@ class Coordinator:
                 return pf, pf["ok"] or self.allow_busy
             time.sleep(1.0)
 
-    def _dispatch(self, task: Task, slot_res: str, slot_cores: int | None) -> None:
-        slot_name = slot_res[len(resource_name(slot_cores, "")):]
+    def _dispatch(self, task: Task, slot_res: SlotRef, slot_cores: int | None) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        slot_name = slot_res.label
         tags = {"sweep": task.sweep.name, "arm": task.arm.id, "slot": slot_name}
-        actor = StageActor.options(
+        actor = StageActor.options(  # this slot resource on this Ray node: the slot's identity
             name=actor_name(task.sweep.name, task.arm.id, task.pass_no, slot_name),
-            resources={slot_res: 1},
-        ).remote(slot_name, slot_cores, tags)
+            resources={slot_res.resource: 1},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(slot_res.node_id, soft=False),
+        ).remote(slot_res.name, slot_cores, tags)
         t0 = time.time()
         pf, go = self._preflight(actor)
         if not go:
@@ -216,7 +219,7 @@ class Coordinator:
             return
         self._last_ask = now
         for run_ref, (task, slot_res, actor, *_rest) in self.running.items():
-            self._asked[actor.status.remote()] = (run_ref, slot_res.rsplit("_", 1)[1])
+            self._asked[actor.status.remote()] = (run_ref, slot_res.label)
 
     def _collect(self, ref, sched: Scheduler) -> None:
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
@@ -232,9 +235,9 @@ class Coordinator:
 
     def run_group(self, tasks: Sequence[Task], group: "GroupKey") -> None:
         slot_cores = group.slot_cores
-        cap = require_capacity(slot_cores)
-        slots = [res for res, n in cap.items() for _ in range(n)
-                 if group.nodes is None or slot_node(res) in group.nodes]
+        require_capacity(slot_cores)
+        slots = slot_pool(ray.nodes(), resource_name(slot_cores, ""), numa_nodes=group.nodes,
+                          ray_nodes=group.ray_nodes)
         if not slots:
             raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
         slots = slots[:group.max_slots]
@@ -278,11 +281,7 @@ class GroupKey:
     slot_cores: int | None
     nodes: tuple[int, ...] | None
     max_slots: int | None
-
-
-def slot_node(resource: str) -> int:
-    """The NUMA node of a slot resource (``omni_slot_c1_n0s1`` -> 0)."""
-    return int(resource.rsplit("_", 1)[1][1:].split("s", 1)[0])
+    ray_nodes: tuple[str, ...] | None = None
 
 
 def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
@@ -292,7 +291,7 @@ def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
     for sweep, arms, out_dir in sweeps:
         pl = sweep.placement
         for arm in arms:
-            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots)
+            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots, pl.ray_nodes)
             groups.setdefault(key, []).append((sweep, arm, out_dir))
     out: dict[GroupKey, list[Task]] = {}
     for size, members in groups.items():
