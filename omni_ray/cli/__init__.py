@@ -18,6 +18,7 @@ VERBS = {
     "quantize": ("quantize", "write a cpu_int4 (W4A16) checkpoint from a bf16 one"),
     "stage": ("stage", "run one arm on one slot (no sweep file)"),
     "sweep": ("sweep", "run sweep files across every free slot"),
+    "cluster": ("cluster", "start or stop a Ray cluster of simulated sockets on this machine"),
     "report": ("report", "write a self-contained HTML report (or tables) of result runs"),
     "compare": ("compare", "compare two runs metric by metric; exit 1 on a regression"),
     "retract": ("retract", "mark a result retracted in place, keeping its data"),
