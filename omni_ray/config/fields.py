@@ -346,3 +346,11 @@ def ray_node_list(value: object, where: Where) -> tuple[str, ...]:
             raise (where / i).error("listed twice", item)
         seen.append(item)
     return tuple(sorted(seen))
+
+
+def replicas(value: object, where: Where) -> int | str:
+    """How many engines one arm runs at once: 1, or "per_node" (one on each NUMA node of the
+    slot pool, their throughput summed: ``results/replicas.py``)."""
+    if (type(value) is int and value == 1) or value == "per_node":
+        return value
+    raise where.error("must be 1 or per_node (one replica on each NUMA node, at once)", value)

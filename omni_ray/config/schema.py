@@ -48,6 +48,7 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "nodes": f.optional(f.node_list),
     "max_slots": f.optional(f.integer(gt=0)),
     "ray_nodes": f.optional(f.ray_node_list),
+    "replicas": f.replicas,
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -129,6 +130,7 @@ class PlacementConfig(_Config):
     nodes: tuple[int, ...] | None = None
     max_slots: int | None = None
     ray_nodes: tuple[str, ...] | None = None
+    replicas: int | str = 1         # "per_node": one engine per NUMA node at once, summed
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

@@ -233,7 +233,9 @@ def run(req: dict) -> dict:
         pinning["violations"] = violations(tree, cpus) if cpus else []
         if req.get("workload"):
             vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+            m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
             m.update(run_workload(llm, req["workload"], vocab, sampler, req.get("seed", 0)))
+            m["measured_to"] = time.time()
             if m.get("decode_tok_s") is not None:
                 m.update(decode_regime(req["model_path"], cpus))
         sampler.mark("end")

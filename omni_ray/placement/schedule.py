@@ -112,6 +112,15 @@ def pick_slot(free: Sequence[Hashable], used_by_arm: set) -> Hashable:
     return free[0]
 
 
+def replica_slots(pool: Sequence[SlotRef]) -> list[SlotRef]:
+    """One slot on each NUMA node of each Ray node of ``pool`` (its first there): where an arm
+    with ``placement.replicas: per_node`` runs its replicas at once."""
+    chosen: dict[tuple[str, int], SlotRef] = {}
+    for slot in pool:
+        chosen.setdefault((slot.node_id, slot.numa_node), slot)
+    return list(chosen.values())
+
+
 class Scheduler:
     """Hands out (job, slot) pairs as slots come free; ``done(slot)`` gives a slot back."""
 

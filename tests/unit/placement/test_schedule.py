@@ -109,3 +109,12 @@ def test_a_selector_naming_no_ray_node_is_a_user_error():
     with pytest.raises(UserError, match=r"placement.ray_nodes: no alive Ray node matches "
                                         r"'gpu=yes' \(nodes: h 10.0.0.1 id a labels \{\}\)"):
         slot_pool([ray_node("a", "h", "n0s0")], PREFIX, ray_nodes=["gpu=yes"])
+
+
+def test_replicas_take_one_slot_on_each_numa_node_of_each_ray_node():
+    from omni_ray.placement.schedule import replica_slots
+
+    pool = slot_pool([ray_node("a", "h", "n0s0", "n0s1", "n1s0"), ray_node("b", "h", "n0s0")],
+                     PREFIX)
+    assert [(s.node_id, s.name) for s in replica_slots(pool)] == [
+        ("a", "n0s0"), ("b", "n0s0"), ("a", "n1s0")]
