@@ -177,6 +177,19 @@ def decode_regime(model_path: str, cpus: list[int] | None) -> dict:
     return describe(weight_bytes, llc.bytes_for(cpus) if llc else None)
 
 
+def wait_for_go(go_file: str, timeout_s: float) -> dict:
+    """Replicas of one arm measure together: say "waiting" (the stage actor's status() reads
+    it) and wait until ``go_file`` exists, which the actor writes once the coordinator has seen
+    every replica waiting; after ``timeout_s`` go anyway, and say so in the figures."""
+    print(f"{PHASE_MARK}waiting", flush=True)
+    t0 = time.monotonic()
+    while not os.path.exists(go_file) and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.02)
+    went = os.path.exists(go_file)
+    print(f"{PHASE_MARK}measuring", flush=True)
+    return {"replica_wait_s": time.monotonic() - t0, "replica_go": went}
+
+
 def kv_cache_tokens(llm) -> int:
     cache = llm.llm_engine.vllm_config.cache_config
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
@@ -231,6 +244,8 @@ def run(req: dict) -> dict:
         pinning["processes"] = len(tree)
         pinning["allowed_cpus"] = sorted({c for t in tree.values() for cs in t.values() for c in cs})
         pinning["violations"] = violations(tree, cpus) if cpus else []
+        if req.get("go_file"):
+            m.update(wait_for_go(req["go_file"], float(req.get("go_timeout_s", 600.0))))
         if req.get("workload"):
             vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
             m["measured_from"] = time.time()  # wall clock: replicas' windows are compared

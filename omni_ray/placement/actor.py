@@ -50,6 +50,7 @@ class StageActor:
         self._phase = "starting"
         self._log: Path | None = None
         self._log_offset = 0
+        self._go_file: Path | None = None
 
     def where(self) -> dict:
         """Where this arm runs: the Ray node (id, host), the NUMA node and slot, the memory
@@ -84,6 +85,9 @@ class StageActor:
             warm_start: bool) -> dict:
         req = dict(req, cpus=list(self.slot.cpus), node=self.slot.node,
                    simulated=self.topology.simulated)
+        if req.pop("barrier", False):  # a replica: measure when go() says every one is ready
+            self._go_file = Path(workdir) / f"{name}.go"
+            req.update(go_file=str(self._go_file), go_timeout_s=timeout_s)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
                             warm_start=warm_start, on_poll=self._poll)
@@ -92,6 +96,12 @@ class StageActor:
             self._tok_s.set(tok_s, tags=self.tags)
         self._engine_pid = None
         return result
+
+    def go(self) -> None:
+        """Let a replica's engine, waiting after load, start its workload (``runner.wait_for_go``)."""
+        if self._go_file is not None:
+            self._go_file.parent.mkdir(parents=True, exist_ok=True)
+            self._go_file.touch()
 
     def stop(self) -> None:
         """Kill the running engine's process group (Ctrl-C of the sweep)."""

@@ -259,10 +259,11 @@ class Coordinator:
             wheres = ray.get([a.where.remote() for a in actors])
             label = "+".join(s.label for s in slots)
             self._emit(self.events.on_dispatch, task, label)
-            refs = [a.run.remote(engine_request(task.arm, task.pass_no),
-                                 str(task.out_dir / "logs"), f"{task.name}.r{i}",
+            req = dict(engine_request(task.arm, task.pass_no), barrier=True)
+            refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
                                  task.arm.timeout_s, task.arm.stage.warm_start)
                     for i, a in enumerate(actors)]
+            self._release_together(actors, refs, task.arm.timeout_s)
             results = []
             for ref in refs:
                 try:
@@ -284,6 +285,26 @@ class Coordinator:
             for actor in actors:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
+
+    @staticmethod
+    def _release_together(actors: Sequence, refs: Sequence, timeout_s: float) -> None:
+        """Wait until every replica has loaded and waits (or one has ended, or ``timeout_s``),
+        then let them all measure at once: their summed throughput is a machine's."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ended, _ = ray.wait(list(refs), num_returns=1, timeout=0)
+            if ended:
+                break
+            try:
+                phases = ray.get([a.status.remote() for a in actors], timeout=30)
+            except ray.exceptions.RayError:
+                break
+            if all(p["phase"] == "waiting" for p in phases):
+                break
+            time.sleep(0.5)
+        for actor in actors:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(actor.go.remote(), timeout=30)
 
     def run_group(self, tasks: Sequence[Task], group: "GroupKey") -> None:
         if group.replicas == "per_node":

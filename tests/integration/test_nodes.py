@@ -96,3 +96,28 @@ def test_a_sweep_runs_on_both_ray_nodes_and_both_numa_nodes_at_once(sim_cluster,
     assert chosen["slot"]["numa_node"] == 1
     sim1 = {r["slot"]["node_id"] for r in spread_recs if r["slot"]["numa_node"] == 1}
     assert {chosen["slot"]["node_id"]} == sim1
+
+
+def test_one_arm_spans_both_sockets_with_replicas(sim_cluster, tiny_model, tmp_path):
+    spanning = _sweep(tmp_path, "spanning", tiny_model, placement={"replicas": "per_node"})
+    code = ("import json, sys, omni_ray\n"
+            "r = omni_ray.run_sweep(sys.argv[1], address=sys.argv[2], out=sys.argv[3],"
+            " allow_busy=True, busy_wait_s=0)\n"
+            "print(json.dumps(r.records))")
+    env = {**os.environ, **sim_cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
+    env.pop("RAY_AUTH_TOKEN", None)
+    run = subprocess.run([sys.executable, "-c", code, str(spanning), sim_cluster.address,
+                          str(tmp_path / "res")], capture_output=True, text=True, timeout=1000,
+                         env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (rec,) = json.loads(run.stdout.strip().splitlines()[-1])
+    assert rec["status"] == "ok", rec.get("error")
+    m, replicas = rec["measurements"], rec["replicas"]
+    assert m["replicas"] == 2 and len(replicas) == 2
+    assert len({r["slot"]["node_id"] for r in replicas}) == 2
+    assert {r["slot"]["numa_node"] for r in replicas} == {0, 1}
+    assert m["decode_tok_s"] == sum(r["measurements"]["decode_tok_s"] for r in replicas)
+    assert m["rss_anon_tree_mb"] == sum(r["measurements"]["rss_anon_tree_mb"] for r in replicas)
+    # released together after both loaded: their measuring windows overlap
+    assert all(r["measurements"]["replica_go"] for r in replicas)
+    assert m["replica_overlap"] > 0
