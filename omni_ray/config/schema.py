@@ -57,8 +57,9 @@ NOISE_FIELDS: dict[str, f.Check] = {
 
 # What a matrix or zip key may name: one namespace, so a name says which config it sets.
 AXIS_FIELDS: dict[str, f.Check] = {
-    **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"]}
-assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 1, "axis names collide"
+    **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"],
+    "replicas": PLACEMENT_FIELDS["replicas"]}
+assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 2, "axis names collide"
 
 
 def _recheck(obj: object, table: Mapping[str, f.Check]) -> None:

@@ -231,7 +231,9 @@ class Coordinator:
     def run_replicated(self, tasks: Sequence[Task], group: "GroupKey") -> None:
         """``placement.replicas: per_node``: each arm pass in turn runs one engine on each NUMA
         node of the pool (each Ray node's) at once; one record sums them
-        (``results/replicas.py``) and keeps each replica's figures and where it ran."""
+        (``results/replicas.py``) and keeps each replica's figures and where it ran. An arm of
+        such a sweep with ``replicas: 1`` (an axis value) runs one engine, alone, the same way,
+        so 1 and per_node compare pass by pass, interleaved."""
         require_capacity(group.slot_cores)
         pool = slot_pool(ray.nodes(), resource_name(group.slot_cores, ""),
                          numa_nodes=group.nodes, ray_nodes=group.ray_nodes)
@@ -241,7 +243,8 @@ class Coordinator:
         for task in tasks:
             if self.refused:
                 break
-            self._run_replicas(task, slots, group.slot_cores)
+            self._run_replicas(task, slots if task.arm.replicas == "per_node" else slots[:1],
+                               group.slot_cores)
 
     def _run_replicas(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
         actors, pfs = [], []
@@ -379,7 +382,10 @@ def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
     for sweep, arms, out_dir in sweeps:
         pl = sweep.placement
         for arm in arms:
-            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots, pl.ray_nodes, pl.replicas)
+            # one arm spanning sockets takes the whole pool: its sweep runs one arm at a time
+            spans = any(a.replicas == "per_node" for a in arms)
+            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots, pl.ray_nodes,
+                           "per_node" if spans else 1)
             groups.setdefault(key, []).append((sweep, arm, out_dir))
     out: dict[GroupKey, list[Task]] = {}
     for size, members in groups.items():
