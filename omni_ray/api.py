@@ -207,7 +207,7 @@ def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
     from omni_ray.engines.request import EngineRequest
     from omni_ray.results.record import make_record
     from omni_ray.results.store import write_json_atomic
-    from omni_ray.topology import local_slots
+    from omni_ray.topology import detect, make_slots
 
     if isinstance(stage, dict):
         stage = stage_from_dict(stage, STAGE_SOURCE)
@@ -216,9 +216,11 @@ def run_stage(stage: StageConfig | dict, workload: WorkloadConfig | dict, *,
     problem = budget_problem(stage)
     if problem:
         raise UserError(problem)
-    slot = local_slots(slot_cores)[0]
+    topology = detect()
+    slot = make_slots(topology, slot_cores)[0]
     engines.prepare(stage)
-    req = EngineRequest(stage=stage, workload=workload, cpus=tuple(slot.cpus), node=slot.node)
+    req = EngineRequest(stage=stage, workload=workload, cpus=tuple(slot.cpus), node=slot.node,
+                        simulated=topology.simulated)
     work = Path(workdir) if workdir is not None else Path(
         tempfile.mkdtemp(prefix="omni-ray-stage-"))
     result = launch_arm(req, work, "stage", timeout_s=timeout_s)

@@ -19,6 +19,7 @@ VERBS = {
     "peers": ("peers", "build a peer engine (llama.cpp) and its GGUFs ahead of a sweep"),
     "stage": ("stage", "run one arm on one slot (no sweep file)"),
     "sweep": ("sweep", "run sweep files across every free slot"),
+    "cluster": ("cluster", "start or stop a Ray cluster of simulated sockets on this machine"),
     "report": ("report", "write a self-contained HTML report (or tables) of result runs"),
     "compare": ("compare", "compare two runs metric by metric; exit 1 on a regression"),
     "retract": ("retract", "mark a result retracted in place, keeping its data"),

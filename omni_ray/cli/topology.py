@@ -20,6 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="physical cores per slot (default: one slot per whole node)",
     )
     parser.add_argument(
+        "--simulate",
+        type=int,
+        metavar="N",
+        help="cut this machine's cores into N virtual NUMA nodes (simulated sockets); "
+        "with --write DIR, write them as a sysfs tree for OMNI_RAY_SYSFS_ROOT=DIR",
+    )
+    parser.add_argument("--write", metavar="DIR", help="where --simulate writes its tree")
+    parser.add_argument(
         "--ray-resources",
         action="store_true",
         help="print the slots as the JSON that `ray start --resources` takes on this node",
@@ -27,9 +35,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from omni_ray.errors import UserError
     from omni_ray.topology import detect, make_slots, unused_cores
 
-    topology = detect(args.sysfs_root)
+    if args.write and args.simulate is None:
+        raise UserError("--write: only with --simulate N")
+    if args.simulate is not None:
+        from omni_ray.topology.detection import detect_host, detect_simulated
+        from omni_ray.topology.simulate import split_nodes, write_tree
+
+        if not args.write:
+            raise UserError("--simulate: needs --write DIR (where the tree goes)")
+        root = write_tree(args.write, split_nodes(detect_host(), args.simulate))
+        print(f"wrote {args.simulate} simulated NUMA node(s) to {root}; use them with "
+              f"OMNI_RAY_SYSFS_ROOT={root}")
+        topology = detect_simulated(root)
+    else:
+        topology = detect(args.sysfs_root)
     slots = make_slots(topology, args.slot_cores)
     unused = unused_cores(topology, slots)
     if args.ray_resources:

@@ -328,6 +328,34 @@ def node_list(value: object, where: Where) -> tuple[int, ...]:
     return tuple(sorted(seen))
 
 
+def ray_node_list(value: object, where: Where) -> tuple[str, ...]:
+    """Ray node selectors -> a sorted tuple: each a label ``key=value``, a host name, an
+    address or a node id (``placement/schedule.node_matches``)."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise where.error("must be a non-empty list of Ray node labels (key=value), host "
+                          "names, addresses or node ids", value)
+    seen: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip() or item != item.strip():
+            raise (where / i).error("must be a non-empty string without surrounding spaces",
+                                    item)
+        key, eq, val = item.partition("=")
+        if eq and (not key or not val):
+            raise (where / i).error("a label selector is key=value, both non-empty", item)
+        if item in seen:
+            raise (where / i).error("listed twice", item)
+        seen.append(item)
+    return tuple(sorted(seen))
+
+
+def replicas(value: object, where: Where) -> int | str:
+    """How many engines one arm runs at once: 1, or "per_node" (one on each NUMA node of the
+    slot pool, their throughput summed: ``results/replicas.py``)."""
+    if (type(value) is int and value == 1) or value == "per_node":
+        return value
+    raise where.error("must be 1 or per_node (one replica on each NUMA node, at once)", value)
+
+
 # --- serving workload checkers -------------------------------------------------------------
 
 def _rate(value: object, where: Where) -> float | str:

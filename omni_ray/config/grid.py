@@ -14,14 +14,18 @@ from omni_ray.config.schema import (
 
 
 def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
-           slot_cores: int | None) -> str:
+           slot_cores: int | None, replicas: int | str = 1) -> str:
     """First 12 hex digits of sha256 over the canonical JSON of the resolved arm.
 
     Equal configs give equal ids whatever the file looked like (key order, includes, which
     values came from an axis). The model enters as resolved: a directory by its absolute path.
+    ``replicas`` enters only when it is not 1, so arms of one engine keep the ids they had.
     """
-    text = canonical_json({"sweep": sweep, "stage": _id_stage(stage),
-                           "workload": _id_workload(workload), "slot_cores": slot_cores})
+    arm = {"sweep": sweep, "stage": _id_stage(stage), "workload": _id_workload(workload),
+           "slot_cores": slot_cores}
+    if replicas != 1:
+        arm["replicas"] = replicas
+    text = canonical_json(arm)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -60,17 +64,19 @@ class Arm:
     workload: WorkloadConfig
     slot_cores: int | None          # None = a whole NUMA node
     timeout_s: float
+    replicas: int | str = 1         # "per_node": one engine per NUMA node at once
 
     def __post_init__(self) -> None:
-        PlacementConfig(slot_cores=self.slot_cores)  # validates it
+        PlacementConfig(slot_cores=self.slot_cores, replicas=self.replicas)  # validates them
         object.__setattr__(self, "id", arm_id(self.sweep, self.stage, self.workload,
-                                              self.slot_cores))
+                                              self.slot_cores, self.replicas))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, keys in a fixed order."""
         return {"id": self.id, "sweep": self.sweep, "label": self.label, "index": self.index,
                 "stage": self.stage.to_dict(), "workload": self.workload.to_dict(),
-                "slot_cores": self.slot_cores, "timeout_s": self.timeout_s}
+                "slot_cores": self.slot_cores, "timeout_s": self.timeout_s,
+                "replicas": self.replicas}
 
 
 def label_value(field: str, value: object) -> str:
@@ -113,5 +119,6 @@ def expand(sweep: SweepConfig) -> list[Arm]:
             label=",".join(f"{k}={label_value(k, v)}" for k, v in pairs) or "base",
             index=index, stage=stage, workload=workload,
             slot_cores=setting.get("slot_cores", sweep.placement.slot_cores),
+            replicas=setting.get("replicas", sweep.placement.replicas),
             timeout_s=sweep.timeout_s))
     return arms

@@ -98,6 +98,8 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "slot_cores": f.optional(f.integer(gt=0)),
     "nodes": f.optional(f.node_list),
     "max_slots": f.optional(f.integer(gt=0)),
+    "ray_nodes": f.optional(f.ray_node_list),
+    "replicas": f.replicas,
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -106,8 +108,9 @@ NOISE_FIELDS: dict[str, f.Check] = {
 
 # What a matrix or zip key may name: one namespace, so a name says which config it sets.
 AXIS_FIELDS: dict[str, f.Check] = {
-    **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"]}
-assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 1, "axis names collide"
+    **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"],
+    "replicas": PLACEMENT_FIELDS["replicas"]}
+assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 2, "axis names collide"
 
 
 def _recheck(obj: object, table: Mapping[str, f.Check]) -> None:
@@ -185,12 +188,15 @@ class WorkloadConfig(_Config):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlacementConfig(_Config):
-    """Where arms run: cores per slot (None = a whole NUMA node), which nodes (None = all) and
-    how many slots at most run at once (None = every free slot)."""
+    """Where arms run: cores per slot (None = a whole NUMA node), which NUMA nodes of each Ray
+    node (None = all), which Ray nodes (labels ``key=value``, host names, addresses or node ids;
+    None = all) and how many slots at most run at once (None = every free slot)."""
 
     slot_cores: int | None = None
     nodes: tuple[int, ...] | None = None
     max_slots: int | None = None
+    ray_nodes: tuple[str, ...] | None = None
+    replicas: int | str = 1         # "per_node": one engine per NUMA node at once, summed
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

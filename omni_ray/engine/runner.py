@@ -18,7 +18,7 @@ import traceback
 from omni_ray.engines import PHASE_MARK, Session, load_engine
 from omni_ray.engines.request import EngineRequest
 from omni_ray.lifetime import die_with_parent
-from omni_ray.measure.pinning import affinity_tree, bind_memory, pin_all_threads, violations
+from omni_ray.measure.pinning import affinity_tree, bind_slot_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
 
@@ -53,6 +53,19 @@ class PinningReadback:
                           "allowed_cpus": sorted(self.allowed), "violations": self.bad}
 
 
+def wait_for_go(go_file: str, timeout_s: float) -> dict:
+    """Replicas of one arm measure together: say "waiting" (the stage actor's status() reads
+    it) and wait until ``go_file`` exists, which the actor writes once the coordinator has seen
+    every replica waiting; after ``timeout_s`` go anyway, and say so in the figures."""
+    print(f"{PHASE_MARK}waiting", flush=True)
+    t0 = time.monotonic()
+    while not os.path.exists(go_file) and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.02)
+    went = os.path.exists(go_file)
+    print(f"{PHASE_MARK}measuring", flush=True)
+    return {"replica_wait_s": time.monotonic() - t0, "replica_go": went}
+
+
 def run(req: EngineRequest) -> dict:
     """Everything after the environment is set; returns the result dict."""
     import psutil
@@ -66,7 +79,8 @@ def run(req: EngineRequest) -> dict:
     if cpus:
         pinning["pinned_tids"] = len(pin_all_threads(cpus))
     if req.node is not None:
-        pinning["membind"] = bind_memory(req.node).to_dict()
+        pinning["membind"] = bind_slot_memory(req.node, cpus or (),
+                                              simulated=req.simulated).to_dict()
     readback = PinningReadback(os.getpid(), cpus)
     engine = load_engine(req.engine)()
 
@@ -75,7 +89,6 @@ def run(req: EngineRequest) -> dict:
         session = Session(req, model_path, sampler, readback)
         facts = engine.load(session)
         sampler.mark("ready")
-        session.phase("measuring")
         m: dict = {}
         if engine.resident:  # the model is held by this tree now: what "ready" costs
             time.sleep(0.3)
@@ -86,9 +99,15 @@ def run(req: EngineRequest) -> dict:
                 peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
                 engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]))
         m.update(facts)
+        if req.go_file:  # a replica: loaded, it measures with the others (then says so)
+            m.update(wait_for_go(req.go_file, req.go_timeout_s))
+        else:
+            session.phase("measuring")
         readback()
         if req.workload is not None:
+            m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
             m.update(engine.run(session))
+            m["measured_to"] = time.time()
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         extra = engine.report()

@@ -28,6 +28,9 @@ class EngineRequest:
     cpus: tuple[int, ...] | None = None     # the slot's CPUs; None: wherever the process may run
     node: int | None = None                 # the slot's NUMA node (memory bound there)
     compile_cache_dir: str | None = None    # vLLM's compile cache of this arm
+    simulated: bool = False                 # the node is a simulated socket (not bound)
+    go_file: str | None = None              # a replica: measure once this file exists
+    go_timeout_s: float = 600.0             # ... or after this long, saying so
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -67,7 +70,9 @@ class EngineRequest:
                    workload=None if workload is None else workload_from_dict(workload, SOURCE),
                    seed=int(d.get("seed", 0)),
                    cpus=None if d.get("cpus") is None else tuple(d["cpus"]),
-                   node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"))
+                   node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"),
+                   simulated=bool(d.get("simulated", False)), go_file=d.get("go_file"),
+                   go_timeout_s=float(d.get("go_timeout_s", 600.0)))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -78,4 +83,6 @@ class EngineRequest:
                 "stage": self.stage.to_dict(),
                 "workload": None if self.workload is None else self.workload.to_dict(),
                 "seed": self.seed, "cpus": None if self.cpus is None else list(self.cpus),
-                "node": self.node, "compile_cache_dir": self.compile_cache_dir}
+                "node": self.node, "compile_cache_dir": self.compile_cache_dir,
+                "simulated": self.simulated, "go_file": self.go_file,
+                "go_timeout_s": self.go_timeout_s}

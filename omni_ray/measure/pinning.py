@@ -126,13 +126,14 @@ class BindResult:
     mode: str  # "bind" | "preferred"
     method: str
     reason: str = ""
+    simulated: bool = False  # the node is a simulated socket (OMNI_RAY_SYSFS_ROOT)
 
     def __bool__(self) -> bool:
         return self.ok
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "node": self.node, "mode": self.mode, "method": self.method,
-                "reason": self.reason}
+                "reason": self.reason, "simulated": self.simulated}
 
 
 def _libc() -> ctypes.CDLL:
@@ -232,3 +233,22 @@ def unbind_memory() -> bool:
     if numbers is None:
         return False
     return _libc().syscall(numbers[0], ctypes.c_int(MPOL_DEFAULT), None, ctypes.c_ulong(0)) == 0
+
+
+def bind_slot_memory(node: int, cpus: Iterable[int], *, simulated: bool,
+                     kernel_cpus: frozenset[int] | None = None) -> BindResult:
+    """``bind_memory(node)`` for a slot on ``cpus``; on a simulated topology only when the
+    kernel has that node and it holds the slot's CPUs (``kernel_cpus``: the kernel's CPUs of
+    ``node``, read from /sys when not given). Otherwise nothing is bound and the result says
+    "not bound (node N is simulated)": recorded, never skipped silently, never an error."""
+    if simulated:
+        if kernel_cpus is None:
+            from omni_ray.topology.detection import kernel_node_cpus
+
+            kernel_cpus = kernel_node_cpus(node)
+        if kernel_cpus is None or not set(cpus) <= kernel_cpus:
+            return BindResult(False, node, "bind", "",
+                              reason=f"not bound (node {node} is simulated)", simulated=True)
+        result = bind_memory(node)
+        return BindResult(result.ok, node, result.mode, result.method, result.reason, True)
+    return bind_memory(node)

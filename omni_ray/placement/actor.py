@@ -20,7 +20,7 @@ from omni_ray.engine.launch import last_phase, launch_arm
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
                                       read_proc_stat)
-from omni_ray.measure.pinning import bind_memory, pin_all_threads
+from omni_ray.measure.pinning import bind_slot_memory, pin_all_threads
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.topology import detect, make_slots
 
@@ -43,7 +43,8 @@ class StageActor:
         self.tags = tags | {"numa_node": str(self.slot.node),
                             "ray_node": ray.get_runtime_context().get_node_id()[:12]}
         pin_all_threads(self.slot.cpus)
-        self.membind = bind_memory(self.slot.node).to_dict()
+        self.membind = bind_slot_memory(self.slot.node, self.slot.cpus,
+                                        simulated=self.topology.simulated).to_dict()
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, tag_keys=METRIC_TAGS)
@@ -62,9 +63,13 @@ class StageActor:
         self._phase = "starting"
         self._log: Path | None = None
         self._log_offset = 0
+        self._go_file: Path | None = None
 
     def where(self) -> dict:
+        """Where this arm runs: the Ray node (id, host), the NUMA node and slot, the memory
+        binding, and the topology they come from (``source: simulated`` for simulated sockets)."""
         return {"host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
+                "numa_node": self.slot.node, "simulated": self.topology.simulated,
                 "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind,
                 "topology": self.topology.to_dict()}
 
@@ -97,8 +102,12 @@ class StageActor:
         return check_idle(self.slot.cpus, window_s, max_avg=SLOT_MAX_AVG).to_dict()
 
     def run(self, req: EngineRequest, workdir: str, name: str, timeout_s: float,
-            warm_start: bool) -> dict:
-        req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node)
+            warm_start: bool, barrier: bool = False) -> dict:
+        req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node,
+                                  simulated=self.topology.simulated)
+        if barrier:  # a replica: measure when go() says every one is ready
+            self._go_file = Path(workdir) / f"{name}.go"
+            req = dataclasses.replace(req, go_file=str(self._go_file), go_timeout_s=timeout_s)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         self._rss_peak, self._stat = 0.0, None
         result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
@@ -108,6 +117,12 @@ class StageActor:
             self._tok_s.set(tok_s, tags=self.tags)
         self._engine_pid = None
         return result
+
+    def go(self) -> None:
+        """Let a replica's engine, waiting after load, start its workload (``runner.wait_for_go``)."""
+        if self._go_file is not None:
+            self._go_file.parent.mkdir(parents=True, exist_ok=True)
+            self._go_file.touch()
 
     def stop(self) -> None:
         """Kill the running engine's process group (Ctrl-C of the sweep)."""

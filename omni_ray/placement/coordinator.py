@@ -26,9 +26,11 @@ from omni_ray.errors import UserError
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import require_capacity, resource_name
-from omni_ray.placement.schedule import Job, Scheduler, interleaved_jobs
+from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, interleaved_jobs,
+                                         replica_slots, slot_pool)
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
+from omni_ray.results.replicas import aggregate
 from omni_ray.results.store import read_json, write_json_atomic
 
 BUSY_WAIT_S = 30.0
@@ -180,14 +182,9 @@ class Coordinator:
                 return pf, pf["ok"] or self.allow_busy
             time.sleep(1.0)
 
-    def _dispatch(self, task: Task, slot_res: str, slot_cores: int | None) -> None:
-        slot_name = slot_res[len(resource_name(slot_cores, "")):]
-        tags = {"sweep": task.sweep.name, "arm": task.arm.id, "pass": str(task.pass_no),
-                "slot": slot_name}
-        actor = StageActor.options(
-            name=actor_name(task.sweep.name, task.arm.id, task.pass_no, slot_name),
-            resources={slot_res: 1},
-        ).remote(slot_name, slot_cores, tags)
+    def _dispatch(self, task: Task, slot_res: SlotRef, slot_cores: int | None) -> None:
+        slot_name = slot_res.label
+        actor = _stage_actor(task, slot_res, slot_cores)
         t0 = time.time()
         pf, go = self._preflight(actor)
         if not go:
@@ -226,7 +223,7 @@ class Coordinator:
             return
         self._last_ask = now
         for run_ref, (task, slot_res, actor, *_rest) in self.running.items():
-            self._asked[actor.status.remote()] = (run_ref, slot_res.rsplit("_", 1)[1])
+            self._asked[actor.status.remote()] = (run_ref, slot_res.label)
 
     def _collect(self, ref, sched: Scheduler) -> None:
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
@@ -240,11 +237,94 @@ class Coordinator:
         ray.kill(actor)
         sched.done(slot_res)
 
+    def run_replicated(self, tasks: Sequence[Task], group: "GroupKey") -> None:
+        """``placement.replicas: per_node``: each arm pass in turn runs one engine on each NUMA
+        node of the pool (each Ray node's) at once; one record sums them
+        (``results/replicas.py``) and keeps each replica's figures and where it ran. An arm of
+        such a sweep with ``replicas: 1`` (an axis value) runs one engine, alone, the same way,
+        so 1 and per_node compare pass by pass, interleaved."""
+        require_capacity(group.slot_cores)
+        pool = slot_pool(ray.nodes(), resource_name(group.slot_cores, ""),
+                         numa_nodes=group.nodes, ray_nodes=group.ray_nodes)
+        slots = replica_slots(pool)[:group.max_slots]
+        if not slots:
+            raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
+        for task in tasks:
+            if self.refused:
+                break
+            self._run_replicas(task, slots if task.arm.replicas == "per_node" else slots[:1],
+                               group.slot_cores)
+
+    def _run_replicas(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
+        actors, pfs = [], []
+        t0 = time.time()
+        try:
+            for i, slot in enumerate(slots):
+                actors.append(_stage_actor(task, slot, slot_cores, f":r{i}"))
+                pf, go = self._preflight(actors[-1])
+                if not go:
+                    self.refused = (f"slot {slot.label} is busy ({pf['message']}); not starting "
+                                    f"{task.arm.label} pass {task.pass_no} (use --allow-busy to "
+                                    "run anyway, marked contended)")
+                    return
+                pfs.append(pf)
+            wheres = ray.get([a.where.remote() for a in actors])
+            label = "+".join(s.label for s in slots)
+            self._emit(self.events.on_dispatch, task, label)
+            req = engine_request(task.arm, task.pass_no)
+            refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
+                                 task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
+                    for i, a in enumerate(actors)]
+            self._release_together(actors, refs, task.arm.timeout_s)
+            results = []
+            for ref in refs:
+                try:
+                    results.append(ray.get(ref))
+                except ray.exceptions.RayError as exc:  # the actor itself died
+                    results.append({"status": "failed",
+                                    "error": f"stage actor died: {str(exc).splitlines()[0]}"})
+            pf = {"ok": all(p["ok"] for p in pfs), "replicas": pfs,
+                  "message": "; ".join(p.get("message", "") for p in pfs if not p["ok"])}
+            record = make_arm_record(task, self.run_id, aggregate(results),
+                                     slot={"label": label, "replicas": wheres}, t_dispatch=t0,
+                                     t_end=time.time(), preflight=pf)
+            record["replicas"] = [
+                {"slot": where, "status": res["status"], "error": res.get("error"),
+                 "measurements": res.get("measurements"), "log_path": res.get("log_path")}
+                for where, res in zip(wheres, results)]
+            self._write(task, record)
+        finally:  # Ctrl-C included: the engines die with their actors
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+
+    @staticmethod
+    def _release_together(actors: Sequence, refs: Sequence, timeout_s: float) -> None:
+        """Wait until every replica has loaded and waits (or one has ended, or ``timeout_s``),
+        then let them all measure at once: their summed throughput is a machine's."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ended, _ = ray.wait(list(refs), num_returns=1, timeout=0)
+            if ended:
+                break
+            try:
+                phases = ray.get([a.status.remote() for a in actors], timeout=30)
+            except ray.exceptions.RayError:
+                break
+            if all(p["phase"] == "waiting" for p in phases):
+                break
+            time.sleep(0.5)
+        for actor in actors:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(actor.go.remote(), timeout=30)
+
     def run_group(self, tasks: Sequence[Task], group: "GroupKey") -> None:
+        if group.replicas == "per_node":
+            return self.run_replicated(tasks, group)
         slot_cores = group.slot_cores
-        cap = require_capacity(slot_cores)
-        slots = [res for res, n in cap.items() for _ in range(n)
-                 if group.nodes is None or slot_node(res) in group.nodes]
+        require_capacity(slot_cores)
+        slots = slot_pool(ray.nodes(), resource_name(slot_cores, ""), numa_nodes=group.nodes,
+                          ray_nodes=group.ray_nodes)
         if not slots:
             raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
         slots = slots[:group.max_slots]
@@ -281,6 +361,19 @@ class Coordinator:
             self.running.pop(ref, None)
 
 
+def _stage_actor(task: Task, slot: SlotRef, slot_cores: int | None, suffix: str = ""):
+    """A stage actor on ``slot``: that slot resource on that Ray node (the slot's identity)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    tags = {"sweep": task.sweep.name, "arm": task.arm.id, "pass": str(task.pass_no),
+            "slot": slot.label}
+    return StageActor.options(
+        name=actor_name(task.sweep.name, task.arm.id, task.pass_no, slot.label) + suffix,
+        resources={slot.resource: 1},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node_id, soft=False),
+    ).remote(slot.name, slot_cores, tags)
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupKey:
     """Arms that can share one pool of slots: same slot size and placement limits."""
@@ -288,11 +381,8 @@ class GroupKey:
     slot_cores: int | None
     nodes: tuple[int, ...] | None
     max_slots: int | None
-
-
-def slot_node(resource: str) -> int:
-    """The NUMA node of a slot resource (``omni_slot_c1_n0s1`` -> 0)."""
-    return int(resource.rsplit("_", 1)[1][1:].split("s", 1)[0])
+    ray_nodes: tuple[str, ...] | None = None
+    replicas: int | str = 1
 
 
 def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
@@ -302,7 +392,10 @@ def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
     for sweep, arms, out_dir in sweeps:
         pl = sweep.placement
         for arm in arms:
-            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots)
+            # one arm spanning sockets takes the whole pool: its sweep runs one arm at a time
+            spans = any(a.replicas == "per_node" for a in arms)
+            key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots, pl.ray_nodes,
+                           "per_node" if spans else 1)
             groups.setdefault(key, []).append((sweep, arm, out_dir))
     out: dict[GroupKey, list[Task]] = {}
     for size, members in groups.items():

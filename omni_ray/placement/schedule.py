@@ -3,12 +3,91 @@
 Passes are interleaved: pass p runs the arms starting at arm (p-1) mod n, so no arm is always
 first. A job goes to a free slot this arm has not used yet where there is one, so an arm's passes
 land on different slots and a socket's effect is not mistaken for the arm's.
+
+A slot is a slot resource on one Ray node (``SlotRef``): two Ray nodes with the same topology
+advertise the same resource names and give twice the slots, each known by its node.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+
+from omni_ray.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotRef:
+    """One slot of the cluster: the slot resource ``resource`` (``omni_slot_c1_n0s1``) on the
+    Ray node ``node_id``. ``host`` and ``label`` (how displays name it) are not its identity."""
+
+    node_id: str
+    resource: str
+    host: str = dataclasses.field(default="", compare=False)
+    label: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        """The slot's name on its node: ``n0s1``."""
+        return self.resource.rsplit("_", 1)[1]
+
+    @property
+    def numa_node(self) -> int:
+        return int(self.name[1:].split("s", 1)[0])
+
+
+def node_matches(node: Mapping, selector: str) -> bool:
+    """Whether a Ray node (a ``ray.nodes()`` entry) is the one ``selector`` names: a label
+    ``key=value``, else its host name, its address or its node id."""
+    key, eq, value = selector.partition("=")
+    if eq:
+        return (node.get("Labels") or {}).get(key) == value
+    return selector in (node.get("NodeManagerHostname"), node.get("NodeManagerAddress"),
+                        node.get("NodeID"))
+
+
+def _describe(node: Mapping) -> str:
+    labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
+    return (f"{node.get('NodeManagerHostname')} {node.get('NodeManagerAddress')} "
+            f"id {str(node.get('NodeID'))[:12]} labels {labels}")
+
+
+def slot_pool(nodes: Sequence[Mapping], prefix: str, *, numa_nodes: Sequence[int] | None = None,
+              ray_nodes: Sequence[str] | None = None) -> list[SlotRef]:
+    """The slots the alive Ray nodes advertise under ``prefix``, on the chosen NUMA nodes of the
+    chosen Ray nodes (``ray_nodes``: selectors as ``node_matches`` reads them; a selector that
+    names no alive node is a UserError). Ordered round-robin over the Ray nodes (each node's
+    first slot, then each node's second, ...), so the first arms and ``max_slots`` spread over
+    the nodes. Labels are the slot names on a single Ray node, else prefixed by the node."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    if ray_nodes is not None:
+        for selector in ray_nodes:
+            if not any(node_matches(n, selector) for n in alive):
+                raise UserError(f"placement.ray_nodes: no alive Ray node matches {selector!r} "
+                                f"(nodes: {'; '.join(map(_describe, alive)) or 'none'})")
+        alive = [n for n in alive if any(node_matches(n, s) for s in ray_nodes)]
+    per_node: list[list[SlotRef]] = []
+    for node in sorted(alive, key=lambda n: (str(n.get("NodeManagerHostname")), n["NodeID"])):
+        refs = []
+        for res, units in sorted((node.get("Resources") or {}).items()):
+            if not res.startswith(prefix):
+                continue
+            ref = SlotRef(node["NodeID"], res, str(node.get("NodeManagerHostname") or ""))
+            if numa_nodes is None or ref.numa_node in numa_nodes:
+                refs.extend([ref] * int(units))
+        if refs:
+            per_node.append(refs)
+    hosts = [refs[0].host for refs in per_node]
+    unique_hosts = len(set(hosts)) == len(hosts)
+    pool = []
+    for depth in range(max((len(r) for r in per_node), default=0)):
+        for refs in per_node:
+            if depth < len(refs):
+                ref = refs[depth]
+                where = ref.host if unique_hosts else f"{ref.host}:{ref.node_id[:6]}"
+                label = ref.name if len(per_node) == 1 else f"{where}/{ref.name}"
+                pool.append(dataclasses.replace(ref, label=label))
+    return pool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +104,7 @@ def interleaved_jobs(n_arms: int, passes: int) -> list[Job]:
     return jobs
 
 
-def pick_slot(free: Sequence[str], used_by_arm: set[str]) -> str:
+def pick_slot(free: Sequence[Hashable], used_by_arm: set) -> Hashable:
     """The first free slot this arm has not run on, else the first free slot."""
     for slot in free:
         if slot not in used_by_arm:
@@ -33,17 +112,26 @@ def pick_slot(free: Sequence[str], used_by_arm: set[str]) -> str:
     return free[0]
 
 
+def replica_slots(pool: Sequence[SlotRef]) -> list[SlotRef]:
+    """One slot on each NUMA node of each Ray node of ``pool`` (its first there): where an arm
+    with ``placement.replicas: per_node`` runs its replicas at once."""
+    chosen: dict[tuple[str, int], SlotRef] = {}
+    for slot in pool:
+        chosen.setdefault((slot.node_id, slot.numa_node), slot)
+    return list(chosen.values())
+
+
 class Scheduler:
     """Hands out (job, slot) pairs as slots come free; ``done(slot)`` gives a slot back."""
 
-    def __init__(self, jobs: Sequence[Job], slots: Sequence[str]) -> None:
+    def __init__(self, jobs: Sequence[Job], slots: Sequence[Hashable]) -> None:
         if not slots:
             raise ValueError("no slots to run on")
         self.pending = list(jobs)
         self.free = list(slots)
-        self.used: dict[int, set[str]] = {}
+        self.used: dict[int, set] = {}
 
-    def next(self) -> tuple[Job, str] | None:
+    def next(self) -> tuple[Job, Hashable] | None:
         if not self.pending or not self.free:
             return None
         job = self.pending.pop(0)
@@ -52,7 +140,7 @@ class Scheduler:
         self.used[job.arm_index].add(slot)
         return job, slot
 
-    def done(self, slot: str) -> None:
+    def done(self, slot: Hashable) -> None:
         self.free.append(slot)
 
     def drop_pending(self) -> list[Job]:

@@ -29,7 +29,9 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq
 
 # Environment variables recorded: every name with one of these prefixes, plus the exact names.
 ENV_PREFIXES = ("OMP_", "KMP_", "MKL_", "VLLM_")
-ENV_NAMES = ("LD_PRELOAD",)
+# OMNI_RAY_SYSFS_ROOT: the sweep ran on simulated sockets (each record's slot topology says
+# which tree; on a cluster, each raylet's own value is the one its records show)
+ENV_NAMES = ("LD_PRELOAD", "OMNI_RAY_SYSFS_ROOT")
 # Values of recorded variables whose name contains one of these are replaced: result files are
 # shared, and e.g. VLLM_API_KEY must not end up in one.
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
@@ -58,7 +60,8 @@ def _package_versions(names: tuple[str, ...]) -> tuple[tuple[str, str | None], .
 
 
 def recorded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The OMP_/KMP_/MKL_/VLLM_ variables and LD_PRELOAD, sorted, secrets redacted."""
+    """The OMP_/KMP_/MKL_/VLLM_ variables, LD_PRELOAD and OMNI_RAY_SYSFS_ROOT, sorted, secrets
+    redacted."""
     environ = os.environ if environ is None else environ
     out = {}
     for name in sorted(environ):

@@ -3,6 +3,12 @@
 The live machine (no ``sysfs_root``) honours this process's allowed CPUs and its cgroup v2
 cpuset; a captured tree (``sysfs_root`` given) describes another machine, so it does not.
 Offline CPUs are dropped either way.
+
+Simulated sockets: with ``OMNI_RAY_SYSFS_ROOT`` set (``envs.py``), ``detect()`` reads that tree
+instead of /sys, as this machine's topology: its CPUs must be CPUs this process may run on
+(pinning to them is real), the CPU model and flags are this machine's, and the topology says
+``source="simulated"`` with the tree it came from. Only the memory binding cannot follow a node
+the kernel lacks (``measure/pinning.bind_slot_memory`` says so in the record).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 import re
 from pathlib import Path
 
+from omni_ray import envs
 from omni_ray.errors import UserError
 from omni_ray.topology.machine import ISA_FLAGS, NumaNode, Topology
 from omni_ray.topology.sysfs import parse_cgroup_v2_path, parse_cpulist, parse_mem_total_mb
@@ -27,7 +34,12 @@ _FLAG_ALIASES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
 
 
 def detect(sysfs_root: str | os.PathLike[str] | None = None) -> Topology:
-    """The NUMA topology of this machine, or of the captured sysfs tree at ``sysfs_root``."""
+    """The NUMA topology of this machine, or of the captured sysfs tree at ``sysfs_root``.
+
+    Without ``sysfs_root``, ``OMNI_RAY_SYSFS_ROOT`` (when set) makes this machine's topology the
+    simulated one of that tree (``detect_simulated``)."""
+    if sysfs_root is None and envs.sysfs_root() is not None:
+        return detect_simulated(envs.sysfs_root())
     if sysfs_root is not None:
         root = Path(sysfs_root)
         _check_captured(root)
@@ -35,12 +47,57 @@ def detect(sysfs_root: str | os.PathLike[str] | None = None) -> Topology:
         if not nodes:
             raise UserError(f"sysfs_root: no NUMA node with online CPUs under {root / NODE_DIR}")
         return Topology(nodes, source="sysfs")
+    return detect_host()
+
+
+def detect_host() -> Topology:
+    """This machine as its kernel shows it, whatever ``OMNI_RAY_SYSFS_ROOT`` says."""
     allowed = allowed_cpus()
     nodes = _read_nodes(SYSFS_ROOT, allowed) if (SYSFS_ROOT / NODE_DIR).is_dir() else ()
     model, flags = cpu_features()
     if nodes:
         return Topology(nodes, "sysfs", model, flags)
     return Topology((_psutil_node(allowed),), "psutil", model, flags)
+
+
+def detect_simulated(sysfs_root: str | os.PathLike[str]) -> Topology:
+    """The tree at ``sysfs_root`` as this machine's topology: simulated sockets of real CPUs.
+
+    Raises UserError naming ``OMNI_RAY_SYSFS_ROOT`` when the tree is not one, or lists a CPU this
+    process may not run on (pinning to it would fail)."""
+    root = Path(sysfs_root)
+    try:
+        _check_captured(root)
+        nodes = _read_nodes(root, allowed=None)
+    except UserError as exc:
+        raise UserError(f"{envs.OMNI_RAY_SYSFS_ROOT}={root}: "
+                        f"{str(exc).removeprefix('sysfs_root: ')}") from None
+    if not nodes:
+        raise UserError(f"{envs.OMNI_RAY_SYSFS_ROOT}={root}: no NUMA node with online CPUs "
+                        f"under {root / NODE_DIR}")
+    allowed = allowed_cpus()
+    for node in nodes:
+        outside = sorted(set(node.cpus) - allowed)
+        if outside:
+            raise UserError(
+                f"{envs.OMNI_RAY_SYSFS_ROOT}={root}: node {node.id} lists CPU(s) {outside} this "
+                f"process may not run on (allowed: {sorted(allowed)}); a simulated node is made "
+                "of this machine's own CPUs")
+    model, flags = cpu_features()
+    return Topology(nodes, "simulated", model, flags, sysfs_root=str(root.resolve()))
+
+
+def kernel_node_cpus(node_id: int) -> frozenset[int] | None:
+    """The CPUs the running kernel puts on NUMA node ``node_id`` (from the real /sys), or None
+    when the kernel has no such node."""
+    path = SYSFS_ROOT / NODE_DIR / f"node{node_id}" / "cpulist"
+    text = _read_text(path)
+    if text is None:
+        return None
+    try:
+        return frozenset(parse_cpulist(text))
+    except ValueError:
+        return None
 
 
 def allowed_cpus() -> frozenset[int]:

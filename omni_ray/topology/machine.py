@@ -35,12 +35,19 @@ class NumaNode:
 
 @dataclass(frozen=True)
 class Topology:
-    """The NUMA nodes, where they were read from (``"sysfs"`` or ``"psutil"``), and the CPU."""
+    """The NUMA nodes, where they were read from (``"sysfs"``, ``"psutil"`` or ``"simulated"``:
+    a tree of this machine's CPUs named by ``OMNI_RAY_SYSFS_ROOT``, kept in ``sysfs_root``), and
+    the CPU."""
 
     nodes: tuple[NumaNode, ...]
     source: str
     cpu_model: str = ""
     flags: frozenset[str] = field(default_factory=frozenset)
+    sysfs_root: str = ""
+
+    @property
+    def simulated(self) -> bool:
+        return self.source == "simulated"
 
     def node(self, node_id: int) -> NumaNode:
         """The node with this id; ``KeyError`` if there is none."""
@@ -50,9 +57,12 @@ class Topology:
         raise KeyError(node_id)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "source": self.source,
             "cpu_model": self.cpu_model,
             "flags": sorted(self.flags),
             "nodes": [node.to_dict() for node in self.nodes],
         }
+        if self.sysfs_root:
+            out["sysfs_root"] = self.sysfs_root
+        return out

@@ -117,7 +117,7 @@ def test_arm_to_dict_is_stable_json() -> None:
     arm = expand(load_sweep_file(VALID / "everything.yaml"))[3]
     d = arm.to_dict()
     assert list(d) == ["id", "sweep", "label", "index", "stage", "workload", "slot_cores",
-                       "timeout_s"]
+                       "timeout_s", "replicas"]
     assert json.loads(json.dumps(d)) == d
     assert d["stage"]["disable_patches"] == ["kv_budget"] and d["slot_cores"] == 4
     assert d["stage"]["engine_args"] == {"seed": 7,

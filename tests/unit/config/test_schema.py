@@ -157,7 +157,7 @@ def test_axis_fields_are_one_namespace() -> None:
     stage = {f.name for f in dataclasses.fields(StageConfig)}
     workload = {f.name for f in dataclasses.fields(WorkloadConfig)}
     assert not stage & workload
-    assert set(AXIS_FIELDS) == stage | workload | {"slot_cores"}
+    assert set(AXIS_FIELDS) == stage | workload | {"slot_cores", "replicas"}
 
 
 def test_sweep_from_dict() -> None:

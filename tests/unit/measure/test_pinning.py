@@ -99,3 +99,23 @@ def test_bind_memory_to_a_missing_node_says_why():
 def test_bind_memory_negative_node():
     with pytest.raises(ValueError, match="node must be >= 0, got -1"):
         bind_memory(-1)
+
+
+def test_a_simulated_node_the_kernel_lacks_is_recorded_not_bound():
+    result, policy = _in_thread(lambda: pinning.bind_slot_memory(999, [1], simulated=True))
+    assert not result and result.simulated
+    assert result.reason == "not bound (node 999 is simulated)"
+    assert result.to_dict()["simulated"] is True
+    assert policy[0] == 0  # nothing was bound
+
+
+def test_a_simulated_node_on_other_cpus_than_the_kernels_is_not_bound():
+    result, _ = _in_thread(lambda: pinning.bind_slot_memory(0, [5], simulated=True,
+                                                            kernel_cpus=frozenset({0, 1})))
+    assert not result and result.reason == "not bound (node 0 is simulated)"
+
+
+def test_a_simulated_node_the_kernel_has_with_the_slots_cpus_is_bound():
+    result, policy = _in_thread(lambda: pinning.bind_slot_memory(0, [0], simulated=True,
+                                                                 kernel_cpus=frozenset({0, 1})))
+    assert result and result.simulated and policy == (MPOL_BIND, [0])

@@ -29,3 +29,26 @@ def test_plan_groups_by_slot_pool_and_interleaves_passes(tmp_path):
     assert [(t.arm.label, t.pass_no) for t in one] == [
         ("batch=1,slot_cores=1", 1), ("batch=2,slot_cores=1", 1),
         ("batch=2,slot_cores=1", 2), ("batch=1,slot_cores=1", 2)]
+
+
+def test_replicas_swept_share_one_group_and_interleave(tmp_path):
+    sweep = sweep_from_dict({"name": "s", "model": "tiny", "passes": 2,
+                             "stage": {"kv_cache_mib": 32}, "placement": {"slot_cores": 1},
+                             "matrix": {"replicas": ["per_node", 1]}})
+    arms = expand(sweep)
+    assert [(a.label, a.replicas) for a in arms] == [("replicas=per_node", "per_node"),
+                                                     ("replicas=1", 1)]
+    assert arms[0].id != arms[1].id
+    (group, tasks), = plan_tasks([(sweep, arms, tmp_path)], None).items()
+    assert group.replicas == "per_node"  # one arm at a time, 1 and per_node pass by pass
+    assert [(t.arm.label, t.pass_no) for t in tasks] == [
+        ("replicas=per_node", 1), ("replicas=1", 1), ("replicas=1", 2), ("replicas=per_node", 2)]
+
+
+def test_one_replica_keeps_the_arm_id_it_had():
+    from omni_ray.config.grid import arm_id
+
+    sweep = sweep_from_dict({"name": "s", "model": "tiny", "stage": {"kv_cache_mib": 32}})
+    (arm,) = expand(sweep)
+    assert arm.id == arm_id("s", arm.stage, arm.workload, None)
+    assert arm.id != arm_id("s", arm.stage, arm.workload, None, "per_node")
