@@ -182,6 +182,21 @@ def kv_cache_tokens(llm) -> int:
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
 
 
+def read_back(pinning: dict, cpus: list[int] | None, when: str) -> None:
+    """Read every thread's affinity back into ``pinning`` (at ready, and again after the
+    workload: a thread moved off the slot while measuring is a violation too); each violation
+    line says when it was seen, and the read-back with more threads sets the counts."""
+    tree = affinity_tree(os.getpid())
+    threads = sum(len(t) for t in tree.values())
+    if threads >= pinning.get("threads", 0):
+        pinning["threads"], pinning["processes"] = threads, len(tree)
+    allowed = {c for t in tree.values() for cs in t.values() for c in cs}
+    pinning["allowed_cpus"] = sorted(allowed | set(pinning.get("allowed_cpus", ())))
+    pinning.setdefault("violations", [])
+    pinning["violations"] += [f"{when}: {v}" for v in violations(tree, cpus)] if cpus else []
+    pinning.setdefault("read_back", []).append(when)
+
+
 def run(req: dict) -> dict:
     """Everything after the environment is set; returns the result dict."""
     import psutil
@@ -225,16 +240,13 @@ def run(req: dict) -> dict:
                 req["model_path"], req["stage"].get("dtype", "bfloat16")),
             engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]),
         )
-        tree = affinity_tree(os.getpid())
-        pinning["threads"] = sum(len(t) for t in tree.values())
-        pinning["processes"] = len(tree)
-        pinning["allowed_cpus"] = sorted({c for t in tree.values() for cs in t.values() for c in cs})
-        pinning["violations"] = violations(tree, cpus) if cpus else []
+        read_back(pinning, cpus, "ready")
         if req.get("workload"):
             vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
             m.update(run_workload(llm, req["workload"], vocab, sampler, req.get("seed", 0)))
             if m.get("decode_tok_s") is not None:
                 m.update(decode_regime(req["model_path"], cpus))
+            read_back(pinning, cpus, "end")  # a thread moved off the slot while measuring
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         report = vllm_omni.patch_report()
