@@ -12,6 +12,10 @@ from omni_ray.config.fields import canonical_json
 from omni_ray.config.schema import (
     STAGE_FIELDS, WORKLOAD_FIELDS, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig)
 
+# Stage fields added after runs were kept: left unset, they do not enter an arm's id, so the
+# arms of an earlier run keep their ids (``--resume`` and ``compare`` find them again).
+UNSET_NOT_HASHED = ("memory_limit_mib",)
+
 
 def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
            slot_cores: int | None) -> str:
@@ -20,7 +24,11 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
     Equal configs give equal ids whatever the file looked like (key order, includes, which
     values came from an axis). The model enters as resolved: a directory by its absolute path.
     """
-    text = canonical_json({"sweep": sweep, "stage": stage.to_dict(),
+    stage_dict = stage.to_dict()
+    for name in UNSET_NOT_HASHED:
+        if stage_dict.get(name) is None:
+            del stage_dict[name]
+    text = canonical_json({"sweep": sweep, "stage": stage_dict,
                            "workload": workload.to_dict(), "slot_cores": slot_cores})
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -128,7 +128,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "patch_report": result.get("patch_report"), "kernels": result.get("kernels"),
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
-               "memory": result.get("memory")})
+               "memory": result.get("memory"), "memory_limit": result.get("memory_limit")})
 
 
 class Coordinator:

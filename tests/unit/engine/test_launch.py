@@ -209,3 +209,25 @@ def test_an_engine_past_its_timeout_is_killed(monkeypatch, tmp_path):
     _fake_engine(monkeypatch, "import time; time.sleep(60)")
     r = launch.run_engine({"stage": {}}, tmp_path, "x", timeout_s=1)
     assert r["status"] == "timeout" and "timeout_s=1" in r["error"] and r["wall_s"] < 10
+
+
+GROW = ("import time\nb = []\nwhile True:\n"
+        "    b.append(bytearray(16 << 20)); time.sleep(0.05)\n")  # 16 MiB of RssAnon each step
+
+
+def test_an_engine_over_its_memory_limit_is_killed_and_recorded_with_its_peak(monkeypatch,
+                                                                               tmp_path):
+    _fake_engine(monkeypatch, GROW)
+    r = launch.run_engine({"stage": {"memory_limit_mib": 64}}, tmp_path, "x", timeout_s=60)
+    assert r["status"] == "failed"
+    assert r["error"].startswith("out of memory: the engine tree's RssAnon reached ")
+    assert "over memory_limit_mib=64; killed" in r["error"]
+    peak = r["memory_limit"]["peak_rss_anon_mb"]
+    assert peak > 64 and r["measurements"]["peak_rss_anon_mb"] == peak
+    assert r["memory_limit"]["exceeded"] is True and r["wall_s"] < 30
+
+
+def test_an_engine_within_its_memory_limit_says_so(monkeypatch, tmp_path):
+    _fake_engine(monkeypatch, "import time; time.sleep(0.5)")
+    r = launch.run_engine({"stage": {"memory_limit_mib": 4096}}, tmp_path, "x", timeout_s=30)
+    assert r["memory_limit"]["exceeded"] is False and r["memory_limit"]["limit_mib"] == 4096
