@@ -15,8 +15,13 @@ needs_two_slots = pytest.mark.skipif(
     len(ONE_CORE) < 2, reason=f"needs two one-core slots, this machine has {len(ONE_CORE)}")
 
 
+# A bound, not an expectation: a tiny engine is ready in 10-40 s on an idle core, and took
+# 170-270 s on a core that other users' engines kept at 100 % (this shared 2-core machine).
+ARM_TIMEOUT_S = 600
+
+
 def sweep(name: str, **fields) -> dict:
-    base = {"name": name, "model": "tiny", "passes": 1, "timeout_s": 240,
+    base = {"name": name, "model": "tiny", "passes": 1, "timeout_s": ARM_TIMEOUT_S,
             "placement": {"slot_cores": 1},
             "stage": {"kv_cache_mib": 32, "max_model_len": 256},
             "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}}

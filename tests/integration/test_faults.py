@@ -24,7 +24,8 @@ import omni_ray
 from omni_ray.config import expand, sweep_from_dict
 from omni_ray.placement.cluster import NAMESPACE
 from omni_ray.topology import allowed_cpus
-from tests.integration.sweeps import needs_two_slots, phase_seen, sweep, wait_for
+from tests.integration.sweeps import (ARM_TIMEOUT_S, needs_two_slots, phase_seen, sweep,
+                                     wait_for)
 
 pytestmark = [pytest.mark.integration, needs_two_slots]
 
@@ -117,7 +118,7 @@ def by_arm(records, arms):
     return {label: r for r in records for label, a in arms.items() if r["arm"]["id"] == a.id}
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(4 * ARM_TIMEOUT_S)  # two runs of two rounds of arms, at worst
 def test_faults_are_records_the_rest_completes_and_resume_runs_what_is_missing(local_ray,
                                                                               tmp_path):
     import ray
