@@ -1,8 +1,45 @@
-"""Shared fixtures: synthetic models (built once, cached) and a runner for real engine processes."""
+"""Shared fixtures: synthetic models (built once, cached) and a runner for real engine processes.
+
+A test session keeps to itself on a shared machine (other users' sweeps and Rays run beside
+it). Before any test module is imported (Ray reads RAY_AUTH_MODE when it is imported), this
+file gives the session, and every process it starts, its own:
+- omni-ray cache (``OMNI_RAY_CACHE``): built models (the tiny one takes a second, once per
+  session), compile caches and the host lock, so a user's sweep never blocks a test's and a
+  test's never blocks the user's. The one thing reused from the user's cache is a llama.cpp
+  build (4-6 minutes of both cores, keyed on its version, built under its own lock), linked in;
+- Ray temp directory (``RAY_TMPDIR``, short: Ray's socket paths must fit 107 bytes), so its
+  sessions, logs and ``session_latest`` are not the user's;
+- Ray token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``): a local Ray takes it from the
+  environment and never reads or writes ``~/.ray/auth_token``.
+Ray picks free ports for a local ``ray.init``; tests that ``ray start`` choose free ones.
+"""
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
+
+_USER_CACHE = Path(os.environ.get("OMNI_RAY_CACHE") or Path.home() / ".cache" / "omni-ray")
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="omni-ray-test-cache-"))
+SESSION_RAY_TMP = Path(tempfile.mkdtemp(prefix="omt-", dir="/tmp"))
+os.environ.update({"OMNI_RAY_CACHE": str(SESSION_CACHE), "RAY_TMPDIR": str(SESSION_RAY_TMP),
+                   "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+if (_USER_CACHE / "llama.cpp").is_dir():
+    (SESSION_CACHE / "llama.cpp").symlink_to(_USER_CACHE / "llama.cpp")
+
+
+def pytest_unconfigure(config):
+    import sys
+
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+    for path in (SESSION_CACHE, SESSION_RAY_TMP):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

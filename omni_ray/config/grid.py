@@ -31,7 +31,7 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
 
 # Stage fields added after results were stored, at the value every earlier arm had: left out of
 # the id when they hold it, so those arms keep their ids (and --resume finds them).
-_ID_NEUTRAL = {"engine": "vllm"}
+_ID_NEUTRAL = {"engine": "vllm", "memory_limit_mib": None}
 
 
 # Workload fields added with serving mode: at their defaults they are left out of the id too.

@@ -33,6 +33,7 @@ STAGE_FIELDS: dict[str, f.Check] = {
     "cpp_wrapper": f.boolean,
     "serial_kernels": f.boolean,
     "engine_args": f.engine_args,
+    "memory_limit_mib": f.optional(f.integer(gt=0)),
 }
 STAGE_REQUIRED = ("model",)
 # Required for these engines only (vLLM's explicit KV budget); other engines refuse it.
@@ -151,6 +152,9 @@ class StageConfig(_Config):
     cpp_wrapper: bool = False       # compiled stages: inductor's C++ wrapper drives the graph
     serial_kernels: bool = False    # compiled stages: inductor's kernels open no OpenMP region
     engine_args: dict[str, Any] = dataclasses.field(default_factory=FrozenDict)  # to vllm.LLM
+    # the engine tree's RssAnon may not pass this: the launcher kills it and records the arm
+    # failed, out of memory, with its peak (engine/launch.py says why not a cgroup or rlimit)
+    memory_limit_mib: int | None = None
 
     def __post_init__(self) -> None:
         _recheck(self, STAGE_FIELDS)

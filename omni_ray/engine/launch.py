@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omni_ray.engines import PHASE_MARK  # noqa: F401 - the phase lines _PHASE reads
 from omni_ray.engines.request import EngineRequest
+from omni_ray.measure.sampler import tree_rss
 from omni_ray.results.store import write_json_atomic
 from vllm_omni import events
 
@@ -88,6 +89,33 @@ def _death_cause(code: int) -> str:
     return f"engine process exited with code {code} before writing a result"
 
 
+# stage.memory_limit_mib is enforced here, on what omni-ray measures: the RssAnon of the whole
+# engine tree, read every POLL_S; over the limit the tree is SIGKILLed and the arm is a failed
+# record, "out of memory", with its peak. Not RLIMIT_AS: it limits one process's address space,
+# which torch and vLLM reserve by gigabytes they never touch, and vLLM's EngineCore child gets
+# its own. Not a cgroup: that needs a writable cgroup hierarchy, which a Ray worker on a shared
+# host does not have. The price: an allocation faster than POLL_S can pass the limit before it
+# is seen (the peak recorded is what was seen).
+POLL_S = 0.2
+
+
+def _memory_limit(req: EngineRequest | dict) -> int | None:
+    if isinstance(req, EngineRequest):
+        return req.stage.memory_limit_mib
+    return (req.get("stage") or {}).get("memory_limit_mib")  # a developer probe's plain request
+
+
+def _over_limit(pid: int, limit_mib: int | None, seen: dict) -> bool:
+    if limit_mib is None:
+        return False
+    try:
+        anon = tree_rss(pid)[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    seen["peak_rss_anon_mb"] = max(seen.get("peak_rss_anon_mb", 0.0), anon)
+    return anon > limit_mib
+
+
 def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
                on_poll: Callable[[int], None] | None = None) -> dict:
     """One engine process for ``req``; returns the runner's result plus exit and log facts."""
@@ -103,24 +131,41 @@ def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},  # a killed engine still leaves its log
             start_new_session=True)
-        status = None
+        status, limit, seen = None, _memory_limit(req), {}
         while proc.poll() is None:
             if time.monotonic() - t0 > timeout_s:
+                status = "timeout"
+            elif _over_limit(proc.pid, limit, seen):
+                status = "oom"
+            if status is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                status = "timeout"
                 break
             if on_poll is not None:
                 on_poll(proc.pid)
-            time.sleep(0.2)
+            time.sleep(POLL_S)
         _kill_leftovers(proc.pid)
     text = log_path.read_text(errors="replace")
     if status == "timeout":
         result = {"status": "timeout", "error": f"no result within timeout_s={timeout_s:g}"}
+    elif status == "oom":
+        peak = seen["peak_rss_anon_mb"]
+        result = {"status": "failed",
+                  "error": f"out of memory: the engine tree's RssAnon reached {peak:.0f} MiB, "
+                           f"over memory_limit_mib={limit}; killed",
+                  "measurements": {"peak_rss_anon_mb": peak},
+                  "memory_limit": {"limit_mib": limit, "exceeded": True,
+                                   "peak_rss_anon_mb": peak, "interval_s": POLL_S,
+                                   "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}}
     elif out_path.exists():
         result = json.loads(out_path.read_text())
     else:
         result = {"status": "failed", "error": _death_cause(proc.returncode)}
+    if limit is not None and "memory_limit" not in result:
+        result["memory_limit"] = {"limit_mib": limit, "exceeded": False,
+                                  "peak_rss_anon_mb": seen.get("peak_rss_anon_mb"),
+                                  "interval_s": POLL_S,
+                                  "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}
     result.update(returncode=proc.returncode, wall_s=time.monotonic() - t0,
                   log_path=str(log_path), log=scan_log(text))
     if result["status"] != "ok":

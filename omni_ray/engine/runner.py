@@ -31,26 +31,33 @@ __all__ = ["PHASE_MARK", "run", "serve", "engine_env", "engine_kwargs"]
 
 
 class PinningReadback:
-    """The pinning read back from every thread of the tree, merged over every call: an engine
-    whose work runs in processes started later (llama-bench) is read while they run."""
+    """The pinning read back from every thread of the tree, merged over every call: at ready,
+    while an engine's work runs in processes started later (llama-bench), and after the
+    workload (a thread moved off the slot while measuring is a violation too). Each violation
+    says when it was first seen."""
 
     def __init__(self, root_pid: int, cpus: list[int] | None) -> None:
         self.root_pid, self.cpus = root_pid, cpus
         self.threads = self.processes = 0
         self.allowed: set[int] = set()
-        self.bad: list[str] = []
+        self.bad: dict[str, str] = {}  # violation -> "when: violation"
+        self.when: list[str] = []
 
-    def __call__(self) -> None:
+    def __call__(self, when: str = "run") -> None:
         tree = affinity_tree(self.root_pid)
         self.threads = max(self.threads, sum(len(t) for t in tree.values()))
         self.processes = max(self.processes, len(tree))
         self.allowed |= {c for t in tree.values() for cs in t.values() for c in cs}
         if self.cpus:
-            self.bad += [v for v in violations(tree, self.cpus) if v not in self.bad]
+            for v in violations(tree, self.cpus):
+                self.bad.setdefault(v, f"{when}: {v}")
+        if when not in self.when:
+            self.when.append(when)
 
     def into(self, pinning: dict) -> dict:
         return pinning | {"threads": self.threads, "processes": self.processes,
-                          "allowed_cpus": sorted(self.allowed), "violations": self.bad}
+                          "allowed_cpus": sorted(self.allowed),
+                          "violations": list(self.bad.values()), "read_back": self.when}
 
 
 def wait_for_go(go_file: str, timeout_s: float) -> dict:
@@ -103,11 +110,12 @@ def run(req: EngineRequest) -> dict:
             m.update(wait_for_go(req.go_file, req.go_timeout_s))
         else:
             session.phase("measuring")
-        readback()
+        readback("ready")
         if req.workload is not None:
             m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
             m.update(engine.run(session))
             m["measured_to"] = time.time()
+            readback("end")  # a thread moved off the slot while measuring
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
         extra = engine.report()

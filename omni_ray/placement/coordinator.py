@@ -23,6 +23,7 @@ from omni_ray import envs
 from omni_ray.config import Arm, SweepConfig
 from omni_ray.engines.request import EngineRequest
 from omni_ray.errors import UserError
+from omni_ray.engine.launch import tail
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import require_capacity, resource_name
@@ -99,6 +100,26 @@ def already_done(task: Task) -> bool:
             and same_versions(rec))
 
 
+def keep_earlier(task: Task) -> list[dict]:
+    """Before a pass is recorded again (``--resume`` reruns what failed, or what ran on other
+    versions): move its earlier record, unchanged, to ``attempts/`` and return the list of
+    earlier attempts the new record carries. Records are write-once; a failure stays on disk.
+    The name keeps attempts out of the record glob (``*.p<digit>*.json``) of summaries and the
+    results index."""
+    if not task.record_path.exists():
+        return []
+    try:
+        old = read_json(task.record_path)
+    except UserError as exc:  # a corrupt earlier file is kept too, as it is
+        old = {"status": None, "error": str(exc)}
+    earlier = list(old.get("attempts") or [])
+    keep = task.out_dir / "attempts" / f"{task.arm.id}.pass{task.pass_no}.{len(earlier) + 1}.json"
+    keep.parent.mkdir(exist_ok=True)
+    os.replace(task.record_path, keep)
+    return earlier + [{"file": str(keep.relative_to(task.out_dir)), "status": old.get("status"),
+                       "error": old.get("error"), "run_id": old.get("run_id")}]
+
+
 def resolve_models(arms: Sequence[Arm]) -> None:
     """Every model of the run exists (or is built) before anything starts: a bad one is exit 2."""
     for model in dict.fromkeys(a.stage.model for a in arms):
@@ -131,7 +152,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "engine_report": result.get("engine_report"),
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
-               "memory": result.get("memory")})
+               "memory": result.get("memory"), "memory_limit": result.get("memory_limit")})
 
 
 class Coordinator:
@@ -161,6 +182,7 @@ class Coordinator:
                   "the sweep goes on", file=sys.stderr)
 
     def _write(self, task: Task, record: dict) -> None:
+        record["attempts"] = keep_earlier(task)
         write_json_atomic(task.record_path, record)
         self._arms_done.inc(tags={"sweep": task.sweep.name, "status": record["status"]})
         self._count_running(task.sweep.name)
@@ -229,9 +251,12 @@ class Coordinator:
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
         try:
             result = ray.get(ref)
-        except ray.exceptions.RayError as exc:  # the actor itself died
+        except ray.exceptions.RayError as exc:  # the actor itself died, its engine with it
+            log = task.out_dir / "logs" / f"{task.name}.log"
             result = {"status": "failed",
-                      "error": f"stage actor died: {str(exc).splitlines()[0]}"}
+                      "error": f"stage actor died: {str(exc).splitlines()[0]}",
+                      "stderr_tail": tail(log.read_text(errors="replace")) if log.exists()
+                      else None, "log_path": str(log)}
         self._write(task, make_arm_record(task, self.run_id, result, slot=where, t_dispatch=t0,
                                           t_end=time.time(), preflight=pf))
         ray.kill(actor)

@@ -14,3 +14,17 @@ def pytest_collection_modifyitems(items):
         seconds = LONG_MODULES.get(item.path.name)
         if seconds and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module, started as a sweep starts it (this machine's slots of one
+    core and of a whole node; the session's temp dir and token, tests/conftest.py); run_sweep
+    uses it and leaves it running. Stopped at the module's end: it is this process's own."""
+    import ray
+
+    from omni_ray.placement.cluster import connect
+
+    connect(None, [1, None])
+    yield
+    ray.shutdown()

@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from omni_ray.topology import allowed_cpus, local_slots
+
 pytestmark = pytest.mark.integration
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -62,7 +64,8 @@ def head():
                             "1", "--ray-resources"], capture_output=True, text=True, check=True)
     port, dash = free_port(), free_port()
     try:
-        subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2",
+        subprocess.run([RAY, "start", "--head", f"--port={port}",
+                        f"--num-cpus={len(allowed_cpus())}",  # this machine's, as a sweep's Ray
                         f"--resources={slots.stdout.strip()}", "--include-dashboard=true",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
                         # its own agent port: Ray's default, 52365, is another Ray's on a host
@@ -97,7 +100,7 @@ def test_sweep_joins_an_existing_cluster(head, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     (rec,) = json.loads(run.stdout.strip().splitlines()[-1])
     assert rec["status"] == "ok", rec.get("error")
-    assert rec["slot"]["slot"]["name"] in ("n0s0", "n0s1")
+    assert rec["slot"]["slot"]["name"] in {s.name for s in local_slots(1)}
 
 
 def test_ray_job_submit_runs_a_sweep(head, tmp_path):

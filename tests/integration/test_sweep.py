@@ -7,9 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -17,31 +14,12 @@ import pytest
 import omni_ray
 from omni_ray.engine.budget import kv_bytes_per_token
 from omni_ray.models.build import ensure_model
+from omni_ray.topology import local_slots
+from tests.integration.sweeps import (ARM_TIMEOUT_S, ONE_CORE, needs_two_slots, sweep,
+                                     wait_for)
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for the module (run_sweep uses it and leaves it running)."""
-    import ray
-
-    from omni_ray.placement.cluster import connect
-
-    connect(None, [1, None])
-    yield
-    ray.shutdown()
-
-
-def sweep(name: str, **fields) -> dict:
-    base = {"name": name, "model": "tiny", "passes": 1, "timeout_s": 240,
-            "placement": {"slot_cores": 1},
-            "stage": {"kv_cache_mib": 32, "max_model_len": 256},
-            "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}}
-    for key, value in fields.items():
-        base[key] = base[key] | value if isinstance(value, dict) and key in base else value
-    return base
 
 
 def overlaps(a: dict, b: dict) -> bool:
@@ -49,7 +27,9 @@ def overlaps(a: dict, b: dict) -> bool:
         b["timing"]["dispatched"] < a["timing"]["ended"]
 
 
-def test_four_arms_on_two_one_core_slots(local_ray, tmp_path):
+@needs_two_slots
+@pytest.mark.timeout(2 * ARM_TIMEOUT_S + 600)  # two rounds of arms on a two-slot machine
+def test_four_arms_on_the_one_core_slots(local_ray, tmp_path):
     cfg = sweep("four", matrix={"kv_cache_mib": [32, 64], "multiprocessing": [False, True]})
     report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
     recs = report.records
@@ -60,11 +40,12 @@ def test_four_arms_on_two_one_core_slots(local_ray, tmp_path):
         assert m["kv_cache_tokens"] == r["config"]["stage"]["kv_cache_mib"] * MiB // per_token
         # every thread of every process of the stage's tree stayed on the slot's one core
         assert r["pinning"]["violations"] == []
-        assert r["pinning"]["allowed_cpus"] == slot["cpus"] and len(slot["cpus"]) == 1
+        assert r["pinning"]["allowed_cpus"] == slot["cpus"]
         if r["config"]["stage"]["multiprocessing"]:  # EngineCore child: the tree sees it
             assert len(m["engine_pids"]) > 1
             assert m["rss_anon_tree_mb"] > m["rss_anon_mb"] + 100
-    assert {r["slot"]["slot"]["name"] for r in recs} == {"n0s0", "n0s1"}
+    used = {r["slot"]["slot"]["name"] for r in recs}
+    assert len(used) >= 2 and used <= {s.name for s in ONE_CORE}
     # two at a time: some pair ran at overlapping times, on different cores
     pairs = [(a, b) for i, a in enumerate(recs) for b in recs[i + 1:] if overlaps(a, b)]
     assert pairs and all(a["slot"]["slot"]["cpus"] != b["slot"]["slot"]["cpus"] for a, b in pairs)
@@ -90,49 +71,17 @@ def test_impossible_budgets_fail_as_records_and_the_rest_runs(local_ray, tmp_pat
     assert report.failed == 2
 
 
-def _kill_engine_when_up(stop: threading.Event, killed: list, out: Path) -> None:
-    """SIGKILL the engine once it is 8 s old and has written to its log: on a loaded host an
-    engine 8 s old had not always written anything, and an empty stderr tail is what the test
-    must not accept."""
-    while not stop.is_set():
-        logged = any(f.stat().st_size > 0 for f in out.glob("*/*/logs/*.log"))
-        for p in psutil.process_iter(["cmdline", "create_time"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if logged and "omni_ray.engine.runner" in cmd \
-                    and time.time() - p.info["create_time"] > 8:
-                p.kill()
-                killed.append(p.pid)
-                return
-        time.sleep(0.2)
-
-
-def test_a_killed_engine_is_a_failed_record_and_its_actor_is_gone(local_ray, tmp_path):
-    import ray
-    from ray.util.state import list_actors
-
-    stop, killed = threading.Event(), []
-    t = threading.Thread(target=_kill_engine_when_up, args=(stop, killed, tmp_path), daemon=True)
-    t.start()
-    try:
-        report = omni_ray.run_sweep(sweep("killed"), out=tmp_path, allow_busy=True)
-    finally:
-        stop.set()
-    (rec,) = report.records
-    assert killed and rec["status"] == "failed"
-    assert "killed by SIGKILL" in rec["error"] and rec["stderr_tail"]
-    time.sleep(1)
-    alive = [a.name for a in list_actors(filters=[("state", "=", "ALIVE")])
-             if (a.name or "").startswith("omni-stage:killed")]
-    assert alive == [] and ray.is_initialized()
-
-
 def test_a_busy_slot_is_refused_or_run_marked_contended(local_ray, tmp_path):
+    node = local_slots(None)[0]  # a whole node's slot; one of its CPUs is made busy
+    busy_cpu = node.cpus[-1]
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                           preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+                           preexec_fn=lambda: os.sched_setaffinity(0, {busy_cpu}))
     try:
-        cfg = sweep("busy", placement={"slot_cores": None})  # the whole node: CPUs 0 and 1
+        cfg = sweep("busy", placement={"slot_cores": None, "nodes": [node.node]})
         refused = omni_ray.run_sweep(cfg, out=tmp_path, busy_wait_s=1.0)
-        assert refused.records == [] and "cpu1" in refused.refused
+        # the refusal names the slot's CPUs (and the busiest one, which on a shared machine may
+        # be busy with something besides the hog)
+        assert refused.records == [] and f"slot {node.name} is busy" in refused.refused
         ran = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True, busy_wait_s=1.0)
     finally:
         hog.kill()
@@ -154,6 +103,14 @@ def test_dry_run_starts_nothing(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+def engines_under(root) -> list[int]:
+    """Pids of engine processes whose request file is under ``root`` (a test's own tmp_path)."""
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(str(root) in arg for arg in (p.info["cmdline"] or []))
+            and "omni_ray.engine.runner" in (p.info["cmdline"] or [])]
+
+
+@pytest.mark.timeout(3 * ARM_TIMEOUT_S)  # the first record, then the resumed arms
 def test_interrupted_run_resumes_without_losing_a_result(local_ray, tmp_path):
     cfg = tmp_path / "resume.yaml"
     # Four KV budgets, so each arm starts its own engine and the sweep outlasts the interrupt.
@@ -167,13 +124,20 @@ def test_interrupted_run_resumes_without_losing_a_result(local_ray, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", boot, "sweep", str(cfg),
                              "--out", str(res), "--allow-busy"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 240
-    while not list(res.glob("resume/*/*.p1.json")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C
-    proc.communicate(timeout=120)
+    try:
+        wait_for(lambda: list(res.glob("resume/*/*.p1.json")), ARM_TIMEOUT_S,
+                 "the first arm's record", every_s=0.5)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # only the CLI this test started, by its pid
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted" in out, out[-3000:]
+    # Ctrl-C ended the running engines too: none of this test's is left
+    wait_for(lambda: not engines_under(res), 30, "engines left after Ctrl-C")
     first = {p.name: p.read_bytes() for p in res.glob("resume/*/*.p1.json")}
-    assert 1 <= len(first) < 4, proc.returncode
+    assert 1 <= len(first) < 4
     report = omni_ray.run_sweep(str(cfg), out=res, resume=True, allow_busy=True)
     assert report.skipped == sum(json.loads(b)["status"] == "ok" for b in first.values())
     final = {p.name: p.read_bytes() for p in res.glob("resume/*/*.p1.json")}

@@ -227,3 +227,25 @@ def test_a_plain_request_is_checked_by_the_schema_before_any_engine_starts():
                                    "workload": {"output_len": 4}, "cpus": [1]})
     assert EngineRequest.from_dict(req.to_dict()) == req
     assert req.workload.repeats == 3 and req.stage.max_model_len == 1024  # the schema's defaults
+
+
+GROW = ("import time\nb = []\nwhile True:\n"
+        "    b.append(bytearray(16 << 20)); time.sleep(0.05)\n")  # 16 MiB of RssAnon each step
+
+
+def test_an_engine_over_its_memory_limit_is_killed_and_recorded_with_its_peak(monkeypatch,
+                                                                               tmp_path):
+    _fake_engine(monkeypatch, GROW)
+    r = launch.run_engine({"stage": {"memory_limit_mib": 64}}, tmp_path, "x", timeout_s=60)
+    assert r["status"] == "failed"
+    assert r["error"].startswith("out of memory: the engine tree's RssAnon reached ")
+    assert "over memory_limit_mib=64; killed" in r["error"]
+    peak = r["memory_limit"]["peak_rss_anon_mb"]
+    assert peak > 64 and r["measurements"]["peak_rss_anon_mb"] == peak
+    assert r["memory_limit"]["exceeded"] is True and r["wall_s"] < 30
+
+
+def test_an_engine_within_its_memory_limit_says_so(monkeypatch, tmp_path):
+    _fake_engine(monkeypatch, "import time; time.sleep(0.5)")
+    r = launch.run_engine({"stage": {"memory_limit_mib": 4096}}, tmp_path, "x", timeout_s=30)
+    assert r["memory_limit"]["exceeded"] is False and r["memory_limit"]["limit_mib"] == 4096
