@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni_ray.config.fields import Where
-from omni_ray.config.schema import (StageConfig, WorkloadConfig, check_stage, check_workload_for,
-                                    stage_from_dict, workload_from_dict)
+from omni_ray.config.schema import (PipelineStage, StageConfig, WorkloadConfig, check_stage,
+                                    check_workload_for, stage_from_dict, workload_from_dict)
 
 SOURCE = "engine request"
 
@@ -28,6 +28,12 @@ class EngineRequest:
     cpus: tuple[int, ...] | None = None     # the slot's CPUs; None: wherever the process may run
     node: int | None = None                 # the slot's NUMA node (memory bound there)
     compile_cache_dir: str | None = None    # vLLM's compile cache of this arm
+    # A pipeline arm (docs/pipelines.md): its stages; the actor runs engine/pipeline.py for it.
+    stages: tuple[PipelineStage, ...] = ()
+    # One pipeline stage's engine: after load and warmup it waits for its input token ids in
+    # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input).
+    inputs_path: str | None = None
+    outputs_path: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -37,6 +43,7 @@ class EngineRequest:
                             f"got {type(self.workload).__name__}")
         if self.cpus is not None:
             object.__setattr__(self, "cpus", tuple(int(c) for c in self.cpus))
+        object.__setattr__(self, "stages", tuple(self.stages))
         where = Where(SOURCE, "")
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
@@ -53,7 +60,8 @@ class EngineRequest:
     @classmethod
     def for_arm(cls, arm: Any, seed: int) -> EngineRequest:
         """The request of one arm pass (``arm``: a ``config.Arm``); ``seed``: the pass number."""
-        return cls(stage=arm.stage, workload=arm.workload, seed=seed)
+        return cls(stage=arm.stage, workload=arm.workload, seed=seed,
+                   stages=getattr(arm, "stages", ()))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineRequest:
@@ -67,7 +75,9 @@ class EngineRequest:
                    workload=None if workload is None else workload_from_dict(workload, SOURCE),
                    seed=int(d.get("seed", 0)),
                    cpus=None if d.get("cpus") is None else tuple(d["cpus"]),
-                   node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"))
+                   node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"),
+                   stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
+                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -78,4 +88,6 @@ class EngineRequest:
                 "stage": self.stage.to_dict(),
                 "workload": None if self.workload is None else self.workload.to_dict(),
                 "seed": self.seed, "cpus": None if self.cpus is None else list(self.cpus),
-                "node": self.node, "compile_cache_dir": self.compile_cache_dir}
+                "node": self.node, "compile_cache_dir": self.compile_cache_dir,
+                "stages": [ps.to_dict() for ps in self.stages],
+                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path}

@@ -17,6 +17,7 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engine.pipeline import launch_pipeline
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
                                       read_proc_stat)
@@ -101,8 +102,12 @@ class StageActor:
         req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node)
         self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
         self._rss_peak, self._stat = 0.0, None
-        result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
-                            warm_start=warm_start, on_poll=self._poll)
+        if req.stages:  # a pipeline: one engine per stage, on its share of this slot's CPUs
+            result = launch_pipeline(req, Path(workdir), name, timeout_s=timeout_s,
+                                     on_poll=self._poll)
+        else:
+            result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
+                                warm_start=warm_start, on_poll=self._poll)
         tok_s = result.get("measurements", {}).get("decode_tok_s")
         if tok_s is not None:
             self._tok_s.set(tok_s, tags=self.tags)
