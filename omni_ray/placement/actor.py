@@ -100,7 +100,8 @@ class StageActor:
     def run(self, req: EngineRequest, workdir: str, name: str, timeout_s: float,
             warm_start: bool) -> dict:
         req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node)
-        self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
+        log = f"{name}.s{len(req.stages) - 1}.log" if req.stages else f"{name}.log"  # last stage
+        self._log, self._log_offset, self._phase = Path(workdir) / log, 0, "starting"
         self._rss_peak, self._stat = 0.0, None
         if req.stages:  # a pipeline: one engine per stage, on its share of this slot's CPUs
             result = launch_pipeline(req, Path(workdir), name, timeout_s=timeout_s,

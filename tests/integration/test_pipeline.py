@@ -92,3 +92,31 @@ def test_a_stage_that_fails_to_start_fails_the_arm_naming_it(tmp_path):
     assert res["error"].startswith("stage 1 (tiny): "), res["error"]
     assert res["stages"][0]["status"] == "failed"  # told to give up, not left to time out
     assert "no input: stage 1 failed" in res["stages"][0]["error"]
+
+
+@pytest.mark.timeout(1800)
+def test_a_pipeline_sweep_on_ray_records_each_stage_and_goes_on_past_a_failed_arm(tmp_path):
+    import ray
+
+    import omni_ray
+    from omni_ray.placement.cluster import connect
+
+    cfg = {"name": "pipe", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 2},
+           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 1, "detokenize": False},
+           "stages": [{"kv_cache_mib": 16, "max_model_len": 128, "cores": 1},
+                      {"kv_cache_mib": 16, "max_model_len": 128}],
+           # the second arm's talker cannot hold one 2048-token sequence in 1 MiB
+           "zip": [{"stages[1].kv_cache_mib": [16, 1], "stages[1].max_model_len": [128, 2048]}]}
+    connect(None, [2])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    finally:
+        ray.shutdown()
+    ok, bad = sorted(report.records, key=lambda r: r["config"]["stages"][1]["kv_cache_mib"],
+                     reverse=True)
+    assert ok["status"] == "ok", (ok.get("error"), ok.get("stderr_tail"))
+    assert [s["pinning"]["allowed_cpus"] for s in ok["stages"]] == [[c] for c in
+                                                                      ok["slot"]["slot"]["cpus"]]
+    assert ok["measurements"]["pipeline_e2e_s"] > 0
+    assert bad["status"] == "failed" and bad["error"].startswith("stage 1 (tiny): ")
