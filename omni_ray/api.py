@@ -25,6 +25,9 @@ from omni_ray.topology.addresses import check_listen
 METRICS = ("ready_s", "init_s", "import_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
            "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "ttft_s", "prefill_tok_s",
            "decode_tok_s", "kv_cache_tokens")
+# A pipeline arm's own figures (docs/pipelines.md); its per-stage figures stay in the record.
+PIPELINE_METRICS = ("ready_s", "rss_anon_tree_mb", "pipeline_peak_rss_anon_mb",
+                    "pipeline_e2e_s", "last_stage_first_token_s", "last_stage_decode_tok_s")
 
 SweepInput = str | os.PathLike | SweepConfig | dict | Sequence[str | os.PathLike | SweepConfig]
 
@@ -82,7 +85,8 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
                                           to_csv, to_markdown)
 
     records = _records_in(out_dir)
-    summary = summarize_arms(records, list(METRICS), noise_pct=sweep.noise.spread_pct)
+    metrics = PIPELINE_METRICS if sweep.stages else METRICS
+    summary = summarize_arms(records, list(metrics), noise_pct=sweep.noise.spread_pct)
     summary["sweep"] = sweep.name
     summary["labels"] = {a.id: a.label for a in arms}
     summary["baseline"] = sweep.baseline  # the report's ratio column divides by this arm

@@ -10,11 +10,13 @@ from typing import Any
 
 from omni_ray.config.fields import canonical_json
 from omni_ray.config.schema import (
-    SERVING_FIELDS, STAGE_FIELDS, WORKLOAD_FIELDS, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig)
+    SERVING_FIELDS, STAGE_AXIS, STAGE_FIELDS, WORKLOAD_FIELDS, PipelineStage, PlacementConfig,
+    StageConfig, SweepConfig, WorkloadConfig)
 
 
 def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
-           slot_cores: int | None, replicas: int | str = 1) -> str:
+           slot_cores: int | None, replicas: int | str = 1,
+           stages: tuple[PipelineStage, ...] = ()) -> str:
     """First 12 hex digits of sha256 over the canonical JSON of the resolved arm.
 
     Equal configs give equal ids whatever the file looked like (key order, includes, which
@@ -25,6 +27,8 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
            "slot_cores": slot_cores}
     if replicas != 1:
         arm["replicas"] = replicas
+    if stages:  # a pipeline; single-stage arms keep the ids they had before pipelines existed
+        arm["stages"] = [ps.to_dict() for ps in stages]
     text = canonical_json(arm)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -65,18 +69,20 @@ class Arm:
     slot_cores: int | None          # None = a whole NUMA node
     timeout_s: float
     replicas: int | str = 1         # "per_node": one engine per NUMA node at once
+    stages: tuple[PipelineStage, ...] = ()  # a pipeline's stages; then stage is stages[0]'s
 
     def __post_init__(self) -> None:
         PlacementConfig(slot_cores=self.slot_cores, replicas=self.replicas)  # validates them
         object.__setattr__(self, "id", arm_id(self.sweep, self.stage, self.workload,
-                                              self.slot_cores, self.replicas))
+                                              self.slot_cores, self.replicas, self.stages))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, keys in a fixed order."""
         return {"id": self.id, "sweep": self.sweep, "label": self.label, "index": self.index,
                 "stage": self.stage.to_dict(), "workload": self.workload.to_dict(),
                 "slot_cores": self.slot_cores, "timeout_s": self.timeout_s,
-                "replicas": self.replicas}
+                "replicas": self.replicas,
+                **({"stages": [ps.to_dict() for ps in self.stages]} if self.stages else {})}
 
 
 def label_value(field: str, value: object) -> str:
@@ -114,11 +120,23 @@ def expand(sweep: SweepConfig) -> list[Arm]:
             sweep.stage, **{k: v for k, v in setting.items() if k in STAGE_FIELDS})
         workload = dataclasses.replace(
             sweep.workload, **{k: v for k, v in setting.items() if k in WORKLOAD_FIELDS})
+        stages = list(sweep.stages)
+        for key, value in setting.items():
+            m = STAGE_AXIS.fullmatch(key)
+            if m:
+                i, field = int(m.group(1)), m.group(2)
+                if field in STAGE_FIELDS:
+                    stages[i] = dataclasses.replace(
+                        stages[i], stage=dataclasses.replace(stages[i].stage, **{field: value}))
+                else:
+                    stages[i] = dataclasses.replace(stages[i], **{field: value})
+        if stages:
+            stage = stages[0].stage
         arms.append(Arm(
             sweep=sweep.name,
             label=",".join(f"{k}={label_value(k, v)}" for k, v in pairs) or "base",
             index=index, stage=stage, workload=workload,
             slot_cores=setting.get("slot_cores", sweep.placement.slot_cores),
             replicas=setting.get("replicas", sweep.placement.replicas),
-            timeout_s=sweep.timeout_s))
+            timeout_s=sweep.timeout_s, stages=tuple(stages)))
     return arms

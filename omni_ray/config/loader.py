@@ -11,14 +11,15 @@ from omni_ray.config.document import Document, expand_includes, read_document
 from omni_ray.config.fields import Origin, Where
 from omni_ray.config.grid import expand
 from omni_ray.config.schema import (
-    NOISE_FIELDS, PLACEMENT_FIELDS, STAGE_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig,
+    NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS, STAGE_FIELDS,
+    STAGE_PLACEMENT_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig, PipelineStage,
     PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage,
     check_workload_for)
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
-TOP_LEVEL = ("name", "model", "include", "stage", "workload", "matrix", "zip", "passes",
-             "placement", "timeout_s", "noise", "baseline")
+TOP_LEVEL = ("name", "model", "include", "stage", "stages", "workload", "matrix", "zip",
+             "passes", "placement", "timeout_s", "noise", "baseline")
 
 _TOP_HINTS = {
     **{k: "belongs under stage:" for k in STAGE_FIELDS if k != "model"},
@@ -59,6 +60,14 @@ def _build(doc: Document, where: Where) -> SweepConfig:
     matrix, zip_groups = check_axes(data.get("matrix"), data.get("zip"), where)
 
     swept = {**matrix, **{k: v for group in zip_groups for k, v in group.items()}}
+    stages = _stages(data, stage, swept, where) if "stages" in data else ()
+    if stages:
+        stage = stages[0].stage.to_dict()
+    else:
+        for key in swept:
+            if STAGE_AXIS.fullmatch(key):
+                raise (where / "matrix" / key).error("addresses a pipeline stage, but the sweep "
+                                                     "gives no stages:")
     if "kv_cache_mib" not in stage and "kv_cache_mib" in swept:
         stage["kv_cache_mib"] = swept["kv_cache_mib"][0]  # as below; engines decide if needed
     for key in STAGE_REQUIRED:
@@ -83,9 +92,43 @@ def _build(doc: Document, where: Where) -> SweepConfig:
         name=name, source=where.source, stage=StageConfig(**stage),
         workload=WorkloadConfig(**workload), matrix=matrix, zip=zip_groups,
         placement=PlacementConfig(**placement), noise=NoiseConfig(**noise),
-        include=doc.includes, **scalars)
+        include=doc.includes, stages=stages, **scalars)
     _check_arms(sweep, where)
     return sweep
+
+
+def _stages(data: Mapping, base: dict[str, Any], swept: Mapping[str, tuple], where: Where,
+            ) -> tuple[PipelineStage, ...]:
+    """``stages:``: each entry a full stage config plus its placement (``cores``, ``node``);
+    the top-level ``model`` is each stage's default. Axes address a stage as ``stages[i].x``."""
+    raw = data["stages"]
+    at = where / "stages"
+    if "stage" in data:
+        raise at.error("give stage: (one engine) or stages: (a pipeline), not both")
+    if not isinstance(raw, list) or not raw:
+        raise at.error("must list at least one stage", raw)
+    for key in swept:
+        m = STAGE_AXIS.fullmatch(key)
+        if m and int(m.group(1)) >= len(raw):
+            raise (where / "matrix" / key).error(
+                f"no stage {m.group(1)}: the pipeline has {len(raw)} stage(s)")
+        if not m and key in STAGE_FIELDS:
+            raise (where / "matrix" / key).error(
+                f"with stages:, sweep one stage's field as stages[<i>].{key}")
+    out = []
+    for i, entry in enumerate(raw):
+        values = f.parse_mapping(entry, at / i, PIPELINE_STAGE_FIELDS)
+        if "model" not in values and "model" in base:
+            values["model"] = base["model"]
+        for key in ("model", "kv_cache_mib"):
+            axis = swept.get(f"stages[{i}].{key}")
+            if key not in values and axis is not None:
+                values[key] = axis[0]  # the base takes the axis' first value, as stage: does
+        if "model" not in values:
+            raise (at / i / "model").error("required field missing (or set model: at the top)")
+        placement = {k: values.pop(k) for k in STAGE_PLACEMENT_FIELDS if k in values}
+        out.append(PipelineStage(stage=StageConfig(**values), **placement))
+    return tuple(out)
 
 
 def _check_arms(sweep: SweepConfig, where: Where) -> None:
@@ -95,6 +138,9 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
         raise (where / "baseline").error(
             f"must be the label of one arm ({', '.join(a.label for a in arms)})", sweep.baseline)
     for arm in arms:
+        if arm.stages:
+            _check_pipeline(sweep, arm, where)
+            continue
         s, w = arm.stage, arm.workload
         which = "" if arm.label == "base" else f" (arm {arm.label})"
         check_stage(s, where / "stage", which)
@@ -109,6 +155,49 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
             raise (where / "stage" / "max_model_len").error(
                 f"exceeds shape {shape.name}'s max_position_embeddings "
                 f"{shape.max_position_embeddings}{which}", s.max_model_len)
+
+
+def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
+    """A pipeline arm: every stage as a stage, the cores split of one slot, the token lengths.
+
+    Stage 0 reads ``prompt_len`` tokens; every stage writes ``output_len`` tokens, which are the
+    next stage's prompt (docs/pipelines.md)."""
+    which = "" if arm.label == "base" else f" (arm {arm.label})"
+    w = arm.workload
+    if w.mode != "offline":
+        raise (where / "workload" / "mode").error(f"a pipeline runs offline only{which}", w.mode)
+    slot = arm.slot_cores
+    if slot is None:
+        raise (where / "placement" / "slot_cores").error(
+            "required with stages: (the stages split one slot's cores)")
+    used = 0
+    for i, ps in enumerate(arm.stages):
+        at = where / "stages" / i
+        check_stage(ps.stage, at, which)
+        check_workload_for(ps.stage, w, where / "workload", which)
+        if ps.stage.engine != "vllm":
+            raise (at / "engine").error(f"a pipeline stage runs on vllm only{which}",
+                                        ps.stage.engine)
+        used += ps.cores or 1
+        if used > slot:
+            raise (at / "cores").error(f"stages 0..{i} need {used} cores, more than the slot's "
+                                       f"{slot} (placement.slot_cores; a stage without "
+                                       f"cores takes 1){which}",
+                                       ps.cores if ps.cores is not None else ...)
+        nodes = sweep.placement.nodes
+        if ps.node is not None and nodes is not None and ps.node not in nodes:
+            raise (at / "node").error(f"not one of placement.nodes {list(nodes)}{which}",
+                                      ps.node)
+        first = arm.stages[0].node
+        if ps.node is not None and first is not None and ps.node != first:
+            raise (at / "node").error(
+                f"differs from stage 0's node {first}: a pipeline runs in one slot, on one node, "
+                f"in this release{which}", ps.node)
+        prompt = w.prompt_len if i == 0 else w.output_len
+        if prompt + w.output_len > ps.stage.max_model_len:
+            raise (at / "max_model_len").error(
+                f"the stage's prompt {prompt} + output_len {w.output_len} exceed it{which}",
+                ps.stage.max_model_len)
 
 
 def sweep_from_dict(d: Mapping[str, Any], source: str = "<dict>", *,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,6 +96,17 @@ SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests
                   "percentiles", "slo", "search")
 OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
 
+# A pipeline stage (``stages:``, docs/pipelines.md): a full stage config plus its placement.
+# ``cores``: how many of the arm's slot CPUs it gets (None: an equal share of what the stages
+# with a number leave); ``node``: the NUMA node it must run on (None: the slot's).
+STAGE_PLACEMENT_FIELDS: dict[str, f.Check] = {
+    "cores": f.optional(f.integer(gt=0)),
+    "node": f.optional(f.integer(ge=0)),
+}
+PIPELINE_STAGE_FIELDS: dict[str, f.Check] = {**STAGE_FIELDS, **STAGE_PLACEMENT_FIELDS}
+# A matrix or zip key addressing one pipeline stage's field: ``stages[1].kv_cache_mib``.
+STAGE_AXIS = re.compile(r"stages\[(\d+)\]\.(\w+)")
+
 PLACEMENT_FIELDS: dict[str, f.Check] = {
     "slot_cores": f.optional(f.integer(gt=0)),
     "nodes": f.optional(f.node_list),
@@ -112,6 +124,16 @@ AXIS_FIELDS: dict[str, f.Check] = {
     **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"],
     "replicas": PLACEMENT_FIELDS["replicas"]}
 assert len(AXIS_FIELDS) == len(STAGE_FIELDS) + len(WORKLOAD_FIELDS) + 2, "axis names collide"
+
+
+def axis_check(key: object) -> f.Check | None:
+    """The checker of a matrix or zip key: a field name, or ``stages[i].field``; None if neither."""
+    if not isinstance(key, str):
+        return None
+    if key in AXIS_FIELDS:
+        return AXIS_FIELDS[key]
+    m = STAGE_AXIS.fullmatch(key)
+    return PIPELINE_STAGE_FIELDS.get(m.group(2)) if m else None
 
 
 def _recheck(obj: object, table: Mapping[str, f.Check]) -> None:
@@ -158,6 +180,51 @@ class StageConfig(_Config):
 
     def __post_init__(self) -> None:
         _recheck(self, STAGE_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineStage(_Config):
+    """One stage of a pipeline: its engine config and where in the arm's slot it runs.
+
+    Stage i+1's input is stage i's output token ids, each mapped into its vocabulary as
+    ``id % vocab_size`` (the one declared rule, MAP_RULE), after stage i has finished."""
+
+    stage: StageConfig
+    cores: int | None = None        # CPUs of the arm's slot (None: an equal share of the rest)
+    node: int | None = None         # the NUMA node it must run on (None: the slot's)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, StageConfig):
+            raise TypeError(f"stage must be a StageConfig, got {type(self.stage).__name__}")
+        _recheck(self, STAGE_PLACEMENT_FIELDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.stage.to_dict(), "cores": self.cores, "node": self.node}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> PipelineStage:
+        d = dict(d)
+        placement = {k: d.pop(k) for k in STAGE_PLACEMENT_FIELDS if k in d}
+        return cls(stage=stage_from_dict(d, source), **placement)
+
+
+MAP_RULE = "id % vocab_size"  # how a stage's output ids become the next stage's input ids
+
+
+def split_cores(stages: tuple[PipelineStage, ...], cpus: list[int]) -> list[list[int]]:
+    """Each stage's CPUs: consecutive runs of the slot's ``cpus`` in stage order; a stage
+    without ``cores`` takes an equal share (at least one) of what the others leave."""
+    fixed = sum(s.cores or 0 for s in stages)
+    free = [s for s in stages if s.cores is None]
+    share = (len(cpus) - fixed) // len(free) if free else 0
+    counts = [s.cores if s.cores is not None else share for s in stages]
+    if fixed > len(cpus) or any(c < 1 for c in counts):
+        raise ValueError(f"stages need {counts} CPUs, the slot has {len(cpus)} ({cpus})")
+    out, at = [], 0
+    for c in counts:
+        out.append(list(cpus[at:at + c]))
+        at += c
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -228,8 +295,9 @@ def check_axes(matrix: object, zip_groups: object, where: Where,
     def values_of(data: Mapping, at: Where, axis: str) -> FrozenDict:
         out = {}
         for key, values in data.items():
-            if key not in AXIS_FIELDS:
-                raise f.unknown_key(at, key, AXIS_FIELDS)
+            check = axis_check(key)
+            if check is None:
+                raise f.unknown_key(at, key, [*AXIS_FIELDS, "stages[<i>].<field>"])
             if key in placed:
                 raise (at / key).error(f"already swept by {placed[key]}")
             placed[key] = axis
@@ -237,7 +305,7 @@ def check_axes(matrix: object, zip_groups: object, where: Where,
                 raise (at / key).error("must be a list of values", values)
             if not values:
                 raise (at / key).error("must list at least one value", values)
-            out[key] = tuple(AXIS_FIELDS[key](v, at / key / i) for i, v in enumerate(values))
+            out[key] = tuple(check(v, at / key / i) for i, v in enumerate(values))
         return FrozenDict(out)
 
     def no_repeats(rows: list, at: Where, key: str | None) -> None:
@@ -300,9 +368,14 @@ class SweepConfig(_Config):
     noise: NoiseConfig = dataclasses.field(default_factory=NoiseConfig)
     include: tuple[str, ...] = ()   # the fragments merged in, absolute paths, in merge order
     baseline: str | None = None     # the label of the arm the report divides the others by
+    stages: tuple[PipelineStage, ...] = ()  # a pipeline (docs/pipelines.md); stage = stages[0]
 
     def __post_init__(self) -> None:
         where = Where(self.source or "SweepConfig", os.getcwd())
+        object.__setattr__(self, "stages", tuple(self.stages))
+        for i, ps in enumerate(self.stages):
+            if not isinstance(ps, PipelineStage):
+                raise (where / "stages" / i).error("must be a PipelineStage", ps)
         checks = {"name": f.name, "passes": f.integer(gt=0), "timeout_s": f.number(gt=0)}
         for field, check in checks.items():
             object.__setattr__(self, field, check(getattr(self, field), where / field))

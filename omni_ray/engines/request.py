@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni_ray.config.fields import Where
-from omni_ray.config.schema import (StageConfig, WorkloadConfig, check_stage, check_workload_for,
-                                    stage_from_dict, workload_from_dict)
+from omni_ray.config.schema import (PipelineStage, StageConfig, WorkloadConfig, check_stage,
+                                    check_workload_for, stage_from_dict, workload_from_dict)
 
 SOURCE = "engine request"
 
@@ -31,6 +31,12 @@ class EngineRequest:
     simulated: bool = False                 # the node is a simulated socket (not bound)
     go_file: str | None = None              # a replica: measure once this file exists
     go_timeout_s: float = 600.0             # ... or after this long, saying so
+    # A pipeline arm (docs/pipelines.md): its stages; the actor runs engine/pipeline.py for it.
+    stages: tuple[PipelineStage, ...] = ()
+    # One pipeline stage's engine: after load and warmup it waits for its input token ids in
+    # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input).
+    inputs_path: str | None = None
+    outputs_path: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -40,6 +46,7 @@ class EngineRequest:
                             f"got {type(self.workload).__name__}")
         if self.cpus is not None:
             object.__setattr__(self, "cpus", tuple(int(c) for c in self.cpus))
+        object.__setattr__(self, "stages", tuple(self.stages))
         where = Where(SOURCE, "")
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
@@ -56,7 +63,8 @@ class EngineRequest:
     @classmethod
     def for_arm(cls, arm: Any, seed: int) -> EngineRequest:
         """The request of one arm pass (``arm``: a ``config.Arm``); ``seed``: the pass number."""
-        return cls(stage=arm.stage, workload=arm.workload, seed=seed)
+        return cls(stage=arm.stage, workload=arm.workload, seed=seed,
+                   stages=getattr(arm, "stages", ()))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> EngineRequest:
@@ -72,7 +80,9 @@ class EngineRequest:
                    cpus=None if d.get("cpus") is None else tuple(d["cpus"]),
                    node=d.get("node"), compile_cache_dir=d.get("compile_cache_dir"),
                    simulated=bool(d.get("simulated", False)), go_file=d.get("go_file"),
-                   go_timeout_s=float(d.get("go_timeout_s", 600.0)))
+                   go_timeout_s=float(d.get("go_timeout_s", 600.0)),
+                   stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
+                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -85,4 +95,6 @@ class EngineRequest:
                 "seed": self.seed, "cpus": None if self.cpus is None else list(self.cpus),
                 "node": self.node, "compile_cache_dir": self.compile_cache_dir,
                 "simulated": self.simulated, "go_file": self.go_file,
-                "go_timeout_s": self.go_timeout_s}
+                "go_timeout_s": self.go_timeout_s,
+                "stages": [ps.to_dict() for ps in self.stages],
+                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path}

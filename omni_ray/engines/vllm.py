@@ -6,6 +6,8 @@ Only this module (and vllm_omni) imports vLLM, inside ``load``; the request is t
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -167,6 +169,60 @@ def run_workload(llm, wl, vocab_size: int, sampler, seed: int) -> dict:
         "output_token_ids": first_tokens} | out
 
 
+def wait_for_inputs(path: str, poll_s: float = 0.01) -> dict:
+    """A pipeline stage's input file, once it exists (the launcher's timeout bounds the wait)."""
+    while not os.path.exists(path):
+        time.sleep(poll_s)
+    with open(path) as f:
+        return json.load(f)
+
+
+def map_tokens(rows: list[list[int]], vocab_size: int) -> list[list[int]]:
+    """The declared rule (``config.schema.MAP_RULE``): each id becomes ``id % vocab_size``."""
+    return [[int(t) % vocab_size for t in row] for row in rows]
+
+
+def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
+    """One pipeline stage: warm up on random prompts of its input length, report "waiting",
+    take the previous stage's output ids (mapped into this vocabulary), generate
+    ``output_len`` greedy tokens, hand them on at once; then a 1-token run on fresh prompts of
+    the same length gives TTFT and, by difference, the decode rate."""
+    from vllm import SamplingParams
+
+    wl = req.workload
+    greedy = dict(GREEDY, detokenize=False)
+    one = SamplingParams(max_tokens=1, **greedy)
+    many = SamplingParams(max_tokens=wl.output_len, **greedy)
+    seeds = iter(range(1, 1 << 30))
+
+    def fresh() -> list[list[int]]:
+        return token_prompts(wl.batch, wl.prompt_len, vocab_size,
+                             seed=req.seed * 1_000_003 + next(seeds))
+
+    for _ in range(wl.warmup):
+        timed_generate(llm, fresh(), many)
+    phase("waiting")
+    data = wait_for_inputs(req.inputs_path)
+    input_at = time.time()
+    if "error" in data:
+        raise RuntimeError(f"no input: {data['error']}")
+    prompts = map_tokens(data["token_ids"], vocab_size)
+    phase("measuring")
+    t_n, outs = timed_generate(llm, prompts, many)
+    output_at = time.time()
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    if req.outputs_path is not None:
+        tmp = req.outputs_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"token_ids": ids}, f)
+        os.replace(tmp, req.outputs_path)
+    t_one, _ = timed_generate(llm, fresh(), one)
+    return timing_figures([t_one], [t_n], batch=len(prompts), prompt_len=len(prompts[0]),
+                          output_len=wl.output_len) | {
+        "generate_s": t_n, "input_at": input_at, "output_at": output_at,
+        "input_token_ids": prompts, "output_token_ids": ids}
+
+
 def timing_figures(t_one: list[float], t_n: list[float], *, batch: int, prompt_len: int,
                    output_len: int) -> dict:
     """The metric names every in-process engine reports, from its 1-token and N-token runs."""
@@ -260,6 +316,8 @@ class VllmEngine:
             return serve(self.llm, self._stats, self._loop, req, session.model_path,
                          session.sampler, session.phase, self._kv_tokens)
         vocab = self.llm.llm_engine.vllm_config.model_config.get_vocab_size()
+        if req.inputs_path is not None:  # one stage of a pipeline (engine/pipeline.py)
+            return run_pipeline_stage(self.llm, req, vocab, session.phase)
         m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed)
         if m.get("decode_tok_s") is not None:
             m.update(decode_regime(session.model_path, req.cpus))

@@ -17,6 +17,7 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engine.pipeline import launch_pipeline
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
                                       read_proc_stat)
@@ -108,10 +109,15 @@ class StageActor:
         if barrier:  # a replica: measure when go() says every one is ready
             self._go_file = Path(workdir) / f"{name}.go"
             req = dataclasses.replace(req, go_file=str(self._go_file), go_timeout_s=timeout_s)
-        self._log, self._log_offset, self._phase = Path(workdir) / f"{name}.log", 0, "starting"
+        log = f"{name}.s{len(req.stages) - 1}.log" if req.stages else f"{name}.log"  # last stage
+        self._log, self._log_offset, self._phase = Path(workdir) / log, 0, "starting"
         self._rss_peak, self._stat = 0.0, None
-        result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
-                            warm_start=warm_start, on_poll=self._poll)
+        if req.stages:  # a pipeline: one engine per stage, on its share of this slot's CPUs
+            result = launch_pipeline(req, Path(workdir), name, timeout_s=timeout_s,
+                                     on_poll=self._poll)
+        else:
+            result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
+                                warm_start=warm_start, on_poll=self._poll)
         tok_s = result.get("measurements", {}).get("decode_tok_s")
         if tok_s is not None:
             self._tok_s.set(tok_s, tags=self.tags)

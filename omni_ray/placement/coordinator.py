@@ -122,7 +122,8 @@ def keep_earlier(task: Task) -> list[dict]:
 
 def resolve_models(arms: Sequence[Arm]) -> None:
     """Every model of the run exists (or is built) before anything starts: a bad one is exit 2."""
-    for model in dict.fromkeys(a.stage.model for a in arms):
+    for model in dict.fromkeys(m for a in arms
+                               for m in [a.stage.model, *(ps.stage.model for ps in a.stages)]):
         resolve_model(model)
 
 
@@ -152,7 +153,8 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "engine_report": result.get("engine_report"),
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
-               "memory": result.get("memory"), "memory_limit": result.get("memory_limit")})
+               "memory": result.get("memory"), "memory_limit": result.get("memory_limit"),
+               "stages": result.get("stages")})
 
 
 class Coordinator:

@@ -1,0 +1,159 @@
+"""A pipeline arm (docs/pipelines.md): one fresh engine process per stage, each pinned to its
+own share of the arm's slot CPUs, stage i+1 fed stage i's output token ids.
+
+Every stage's engine is started at once and loads, warms up and reports "waiting"; when all
+wait, the launcher writes stage 0's prompts, and each stage writes its output ids straight into
+the next stage's input file (mapped there by ``id % vocab_size``), so a hand-over costs no
+process exit. A stage that fails before its hand-over gets the stages still waiting an error
+input, and the arm fails naming the stage. Used from the stage actor and directly (no Ray).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omni_ray.config.schema import MAP_RULE, split_cores
+from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engines.request import EngineRequest
+from omni_ray.measure.sampler import tree_rss
+from omni_ray.results.store import write_json_atomic
+from omni_ray.workload.prompts import token_prompts
+
+# What each stage's record keeps from its runner's measurements.
+STAGE_FIGURES = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
+                 "peak_rss_anon_mb", "kv_cache_tokens", "kv_cache_tokens_budget", "ttft_s",
+                 "prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "generate_s",
+                 "input_at", "output_at", "output_token_ids")
+
+
+def vocab_size(model_path: str) -> int:
+    with open(Path(model_path) / "config.json") as f:
+        return int(json.load(f)["vocab_size"])
+
+
+def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineRequest]:
+    """One request per stage: its CPUs (a split of ``req.cpus``), its input and output file.
+    Stage i >= 1 reads ``output_len`` tokens, so that is its workload's prompt length."""
+    if not req.cpus:
+        raise ValueError("a pipeline needs the slot's CPUs to split between its stages")
+    cpus = split_cores(req.stages, list(req.cpus))
+    wl = req.workload
+    out = []
+    for i, ps in enumerate(req.stages):
+        if ps.node is not None and req.node is not None and ps.node != req.node:
+            raise ValueError(f"stage {i}: node {ps.node} is not the slot's node {req.node}")
+        last = i == len(req.stages) - 1
+        out.append(EngineRequest(
+            stage=ps.stage, seed=req.seed, cpus=tuple(cpus[i]), node=req.node,
+            workload=wl if i == 0 else dataclasses.replace(wl, prompt_len=wl.output_len),
+            inputs_path=str(workdir / f"{name}.s{i}.in.json"),
+            outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json")))
+    return out
+
+
+def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: float,
+                    on_poll: Callable[[int], None] | None = None) -> dict:
+    """Run a pipeline arm; returns one result (per-stage figures under ``stages``). Never
+    raises for a stage's failure: it becomes the arm's status and error, naming the stage."""
+    from omni_ray.models.build import resolve_model
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        reqs = stage_requests(req, workdir, name)
+        prompts = token_prompts(req.workload.batch, req.workload.prompt_len,
+                                vocab_size(str(resolve_model(req.stages[0].stage.model))),
+                                seed=req.seed)
+    except (ValueError, OSError) as exc:
+        return {"status": "failed", "error": f"pipeline: {exc}"}
+    for r in reqs:
+        Path(r.inputs_path).unlink(missing_ok=True)
+    results: list[dict | None] = [None] * len(reqs)
+    pids: dict[int, int] = {}
+
+    def run(i: int) -> None:
+        def poll(pid: int) -> None:
+            pids[i] = pid
+        results[i] = launch_arm(reqs[i], workdir, f"{name}.s{i}", timeout_s=timeout_s,
+                                warm_start=reqs[i].stage.warm_start, on_poll=poll)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    started = False
+    total_peak = 0.0
+    while any(t.is_alive() for t in threads):
+        failed = [i for i, r in enumerate(results) if r is not None and r["status"] != "ok"]
+        if failed:
+            for r in reqs:  # the stages still waiting give up instead of timing out
+                if not Path(r.inputs_path).exists():
+                    write_json_atomic(Path(r.inputs_path), {"error": f"stage {failed[0]} failed"})
+        elif not started and all(_phase(workdir / f"{name}.s{i}.log") == "waiting"
+                                 for i in range(len(reqs))):
+            write_json_atomic(Path(reqs[0].inputs_path), {"token_ids": prompts})
+            started = True
+        now = 0.0
+        for i, pid in list(pids.items()):  # the pipeline's RssAnon: every stage tree, one clock
+            if results[i] is None:
+                try:
+                    now += tree_rss(pid)[0]
+                except (ProcessLookupError, FileNotFoundError):
+                    pass
+        total_peak = max(total_peak, now)
+        if on_poll is not None and pids:
+            on_poll(next(iter(pids.values())))
+        time.sleep(0.1)
+    return summarise(reqs, [r or {"status": "failed", "error": "no result"} for r in results],
+                     total_peak) | {"wall_s": time.monotonic() - t0}
+
+
+def _phase(log: Path) -> str | None:
+    try:
+        return last_phase(log.read_text(errors="replace"), "starting")
+    except FileNotFoundError:
+        return None
+
+
+def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: float) -> dict:
+    """The arm's result: per-stage figures, then the pipeline's own (end to end, first token of
+    the last stage, total RssAnon, the bottleneck stage)."""
+    stages = []
+    for i, (r, res) in enumerate(zip(reqs, results)):
+        m = res.get("measurements", {})
+        stages.append({"stage": i, "model": r.stage.model, "cpus": list(r.cpus),
+                       "kv_cache_mib": r.stage.kv_cache_mib, "status": res["status"],
+                       "error": res.get("error"), "pinning": res.get("pinning"),
+                       "log_path": res.get("log_path"),
+                       **{k: m[k] for k in STAGE_FIGURES if k in m}})
+    bad = [i for i, res in enumerate(results) if res["status"] != "ok"]
+    out: dict = {"status": "ok", "stages": stages, "map_rule": MAP_RULE}
+    if bad:  # the stage that failed first on its own, not one that was told to give up
+        own = [i for i in bad if "no input: stage" not in str(results[i].get("error"))] or bad
+        i = own[0]
+        out.update(status=results[i]["status"],
+                   error=f"stage {i} ({reqs[i].stage.model}): {results[i].get('error')}",
+                   stderr_tail=results[i].get("stderr_tail"))
+        return out
+    first, last = stages[0], stages[-1]
+    gen = [s["generate_s"] for s in stages]
+    out["measurements"] = {
+        "pipeline_e2e_s": last["output_at"] - first["input_at"],
+        "last_stage_first_token_s": last["input_at"] - first["input_at"] + last["ttft_s"],
+        "last_stage_decode_tok_s": last.get("decode_tok_s"),
+        "rss_anon_tree_mb": sum(s["rss_anon_tree_mb"] for s in stages),
+        "pipeline_peak_rss_anon_mb": total_peak_mb,
+        "bottleneck_stage": gen.index(max(gen)),
+        "output_token_ids": last["output_token_ids"],
+        "ready_s": max(s["ready_s"] for s in stages),
+    }
+    pins = [s["pinning"] or {} for s in stages]
+    out["pinning"] = {"threads": sum(p.get("threads", 0) for p in pins),
+                      "processes": sum(p.get("processes", 0) for p in pins),
+                      "allowed_cpus": sorted({c for p in pins for c in p.get("allowed_cpus", [])}),
+                      "violations": [v for p in pins for v in p.get("violations", [])]}
+    return out

@@ -1,0 +1,122 @@
+"""A 2-stage pipeline on real vLLM (issue #26): a "small" thinker feeds a "tiny" talker, each in
+its own engine process on its own CPU of a 2-CPU slot, without Ray (the stage actor calls the
+same ``launch_pipeline``)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from omni_ray.config.schema import PipelineStage, StageConfig, WorkloadConfig
+from omni_ray.engine.launch import launch_arm
+from omni_ray.engine.pipeline import launch_pipeline
+from omni_ray.engines.request import EngineRequest
+
+pytestmark = pytest.mark.integration
+
+CPUS = (0, 1)
+WORKLOAD = WorkloadConfig(prompt_len=16, output_len=8, batch=1, warmup=1, repeats=1,
+                          detokenize=False)
+
+
+def stage(model: str, kv: int, **kw) -> PipelineStage:
+    return PipelineStage(stage=StageConfig(model=model, kv_cache_mib=kv, max_model_len=128, **kw),
+                         cores=1)
+
+
+@pytest.fixture(autouse=True)
+def two_cpus():
+    if not set(CPUS) <= os.sched_getaffinity(0):
+        pytest.skip("needs CPUs 0 and 1")
+
+
+@pytest.mark.timeout(1200)
+def test_last_stage_tokens_equal_the_stages_run_by_hand(tmp_path):
+    req = EngineRequest(stage=StageConfig(model="small", kv_cache_mib=32, max_model_len=128),
+                        workload=WORKLOAD, cpus=CPUS, node=0,
+                        stages=(stage("small", 32), stage("tiny", 16)))
+    res = launch_pipeline(req, tmp_path, "pipe", timeout_s=600)
+    assert res["status"] == "ok", (res.get("error"), res.get("stderr_tail"))
+    s0, s1 = res["stages"]
+    # each stage's threads read back on its own CPU
+    assert s0["cpus"] == [0] and s0["pinning"]["allowed_cpus"] == [0]
+    assert s1["cpus"] == [1] and s1["pinning"]["allowed_cpus"] == [1]
+    assert s0["pinning"]["violations"] == [] == s1["pinning"]["violations"]
+    # two budgets, two token counts, each within its budget
+    assert s0["kv_cache_tokens"] != s1["kv_cache_tokens"]
+    for s in (s0, s1):
+        assert 0 < s["kv_cache_tokens"] <= s["kv_cache_tokens_budget"]
+        assert s["decode_tok_s"] > 0 and s["prefill_tok_s"] > 0 and s["rss_anon_tree_mb"] > 0
+    m = res["measurements"]
+    assert m["pipeline_e2e_s"] > 0 and m["last_stage_first_token_s"] > 0
+    assert m["rss_anon_tree_mb"] == pytest.approx(s0["rss_anon_tree_mb"] + s1["rss_anon_tree_mb"])
+    assert m["pipeline_peak_rss_anon_mb"] >= 0.9 * m["rss_anon_tree_mb"]
+    assert m["bottleneck_stage"] in (0, 1)
+
+    # by hand: stage 0 on the pipeline's prompts, its ids % tiny's vocab (2048) into stage 1
+    prompts = json.loads((tmp_path / "pipe.s0.in.json").read_text())["token_ids"]
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    (hand / "a.in.json").write_text(json.dumps({"token_ids": prompts}))
+    a = launch_arm(EngineRequest(stage=req.stages[0].stage, workload=WORKLOAD, cpus=(0,),
+                                 inputs_path=str(hand / "a.in.json"),
+                                 outputs_path=str(hand / "a.out.json")),
+                   hand, "a", timeout_s=600)
+    assert a["status"] == "ok", a.get("stderr_tail")
+    thinker = a["measurements"]["output_token_ids"]
+    assert thinker == s0["output_token_ids"]
+    (hand / "b.in.json").write_text(json.dumps(
+        {"token_ids": [[t % 2048 for t in row] for row in thinker]}))
+    b = launch_arm(EngineRequest(stage=req.stages[1].stage, cpus=(1,),
+                                 workload=WORKLOAD.__class__(**{**WORKLOAD.to_dict(),
+                                                                "prompt_len": 8}),
+                                 inputs_path=str(hand / "b.in.json")),
+                   hand, "b", timeout_s=600)
+    assert b["status"] == "ok", b.get("stderr_tail")
+    assert b["measurements"]["output_token_ids"] == s1["output_token_ids"] == m["output_token_ids"]
+    assert max(max(row) for row in thinker) >= 0  # ids of small's 32000-token vocabulary
+
+
+@pytest.mark.timeout(900)
+def test_a_stage_that_fails_to_start_fails_the_arm_naming_it(tmp_path):
+    # 1 MiB of KV holds about 1024 tiny tokens, less than one 2048-token sequence: vLLM refuses
+    bad = PipelineStage(stage=StageConfig(model="tiny", kv_cache_mib=1, max_model_len=2048),
+                        cores=1)
+    req = EngineRequest(stage=StageConfig(model="tiny", kv_cache_mib=16, max_model_len=128),
+                        workload=WORKLOAD, cpus=CPUS, node=0,
+                        stages=(stage("tiny", 16), bad))
+    res = launch_pipeline(req, tmp_path, "pipe", timeout_s=400)
+    assert res["status"] == "failed"
+    assert res["error"].startswith("stage 1 (tiny): "), res["error"]
+    assert res["stages"][0]["status"] == "failed"  # told to give up, not left to time out
+    assert "no input: stage 1 failed" in res["stages"][0]["error"]
+
+
+@pytest.mark.timeout(1800)
+def test_a_pipeline_sweep_on_ray_records_each_stage_and_goes_on_past_a_failed_arm(tmp_path):
+    import ray
+
+    import omni_ray
+    from omni_ray.placement.cluster import connect
+
+    cfg = {"name": "pipe", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 2},
+           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 1, "detokenize": False},
+           "stages": [{"kv_cache_mib": 16, "max_model_len": 128, "cores": 1},
+                      {"kv_cache_mib": 16, "max_model_len": 128}],
+           # the second arm's talker cannot hold one 2048-token sequence in 1 MiB
+           "zip": [{"stages[1].kv_cache_mib": [16, 1], "stages[1].max_model_len": [128, 2048]}]}
+    connect(None, [2])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    finally:
+        ray.shutdown()
+    ok, bad = sorted(report.records, key=lambda r: r["config"]["stages"][1]["kv_cache_mib"],
+                     reverse=True)
+    assert ok["status"] == "ok", (ok.get("error"), ok.get("stderr_tail"))
+    assert [s["pinning"]["allowed_cpus"] for s in ok["stages"]] == [[c] for c in
+                                                                      ok["slot"]["slot"]["cpus"]]
+    assert ok["measurements"]["pipeline_e2e_s"] > 0
+    assert bad["status"] == "failed" and bad["error"].startswith("stage 1 (tiny): ")

@@ -1,0 +1,54 @@
+"""Pipelines in sweep files: ``stages:``, axes addressing one stage, the cores split."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_ray.config import expand, sweep_from_dict
+from omni_ray.config.schema import PipelineStage, StageConfig, split_cores
+from omni_ray.errors import ConfigError
+
+BASE = {"name": "p", "model": "tiny", "placement": {"slot_cores": 2},
+        "workload": {"prompt_len": 16, "output_len": 8},
+        "stages": [{"kv_cache_mib": 32, "cores": 1}, {"kv_cache_mib": 16, "max_model_len": 128}]}
+
+
+def test_stages_load_with_the_top_level_model_and_stage_is_the_first():
+    sweep = sweep_from_dict(BASE)
+    assert [ps.stage.kv_cache_mib for ps in sweep.stages] == [32, 16]
+    assert [ps.stage.model for ps in sweep.stages] == ["tiny", "tiny"]
+    assert sweep.stage == sweep.stages[0].stage
+    (arm,) = expand(sweep)
+    assert arm.stages == sweep.stages and arm.to_dict()["stages"][1]["max_model_len"] == 128
+
+
+def test_an_axis_sets_one_stage_field_and_its_cores():
+    sweep = sweep_from_dict(BASE | {"matrix": {"stages[1].kv_cache_mib": [16, 64],
+                                               "stages[1].cores": [1]}})
+    arms = expand(sweep)
+    assert [[(ps.stage.kv_cache_mib, ps.cores) for ps in a.stages] for a in arms] == [
+        [(32, 1), (16, 1)], [(32, 1), (64, 1)]]
+    assert arms[0].label == "stages[1].kv_cache_mib=16,stages[1].cores=1"
+    assert len({a.id for a in arms}) == 2
+
+
+def test_a_pipeline_arm_id_differs_from_its_first_stage_alone():
+    one = sweep_from_dict({k: v for k, v in BASE.items() if k != "stages"}
+                          | {"stage": {"kv_cache_mib": 32}})
+    two = sweep_from_dict(BASE)
+    assert expand(one)[0].id != expand(two)[0].id
+    assert "stages" not in expand(one)[0].to_dict()  # single-stage records are unchanged
+
+
+def test_split_cores_gives_consecutive_cpus_and_shares_the_rest():
+    tiny = StageConfig(model="tiny", kv_cache_mib=16)
+    stages = (PipelineStage(stage=tiny, cores=1), PipelineStage(stage=tiny))
+    assert split_cores(stages, [4, 5, 6]) == [[4], [5, 6]]
+    with pytest.raises(ValueError, match="need"):
+        split_cores((PipelineStage(stage=tiny, cores=2), PipelineStage(stage=tiny)), [0, 1])
+
+
+def test_cores_of_all_stages_beyond_the_slot_name_the_stage():
+    bad = BASE | {"stages": [{"kv_cache_mib": 32, "cores": 1}, {"kv_cache_mib": 16, "cores": 2}]}
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.cores: .*more than the slot's 2"):
+        sweep_from_dict(bad)

@@ -1,0 +1,60 @@
+"""The pipeline launcher's pure parts: each stage's request, and the arm's figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omni_ray.config.schema import PipelineStage, StageConfig, WorkloadConfig
+from omni_ray.engine.pipeline import stage_requests, summarise
+from omni_ray.engines.request import EngineRequest
+
+WL = WorkloadConfig(prompt_len=16, output_len=8)
+
+
+def _req(cpus=(0, 1, 2), node=0, stage1_node=None) -> EngineRequest:
+    tiny = StageConfig(model="tiny", kv_cache_mib=16)
+    return EngineRequest(stage=tiny, workload=WL, cpus=cpus, node=node,
+                         stages=(PipelineStage(stage=tiny, cores=1),
+                                 PipelineStage(stage=tiny, node=stage1_node)))
+
+
+def test_each_stage_gets_its_cpus_and_feeds_the_next(tmp_path: Path):
+    r0, r1 = stage_requests(_req(), tmp_path, "x")
+    assert (r0.cpus, r1.cpus) == ((0,), (1, 2))
+    assert r0.outputs_path == r1.inputs_path == str(tmp_path / "x.s1.in.json")
+    assert r1.outputs_path is None
+    assert (r0.workload.prompt_len, r1.workload.prompt_len) == (16, 8)  # stage 1 reads 8 ids
+
+
+def test_a_stage_on_another_node_than_the_slot_is_refused(tmp_path: Path):
+    with pytest.raises(ValueError, match="stage 1: node 1 is not the slot's node 0"):
+        stage_requests(_req(stage1_node=1), tmp_path, "x")
+
+
+def _ok(gen: float, t_in: float, t_out: float, rss: float) -> dict:
+    return {"status": "ok", "measurements": {
+        "generate_s": gen, "input_at": t_in, "output_at": t_out, "ttft_s": 0.5,
+        "rss_anon_tree_mb": rss, "ready_s": 3.0, "output_token_ids": [[1, 2]]},
+        "pinning": {"threads": 4, "processes": 1, "allowed_cpus": [0], "violations": []}}
+
+
+def test_summary_times_the_pipeline_end_to_end_and_names_the_bottleneck(tmp_path: Path):
+    reqs = stage_requests(_req(), tmp_path, "x")
+    out = summarise(reqs, [_ok(4.0, 100.0, 104.0, 50.0), _ok(1.0, 104.1, 105.1, 20.0)], 71.0)
+    m = out["measurements"]
+    assert out["status"] == "ok"
+    assert m["pipeline_e2e_s"] == pytest.approx(5.1)
+    assert m["last_stage_first_token_s"] == pytest.approx(4.6)
+    assert m["rss_anon_tree_mb"] == 70.0 and m["bottleneck_stage"] == 0
+    assert out["pinning"]["threads"] == 8
+
+
+def test_the_stage_that_failed_on_its_own_is_named(tmp_path: Path):
+    reqs = stage_requests(_req(), tmp_path, "x")
+    told = {"status": "failed", "error": "RuntimeError: no input: stage 1 failed"}
+    own = {"status": "failed", "error": "ValueError: KV cache too small"}
+    out = summarise(reqs, [told, own], 0.0)
+    assert out["status"] == "failed"
+    assert out["error"] == "stage 1 (tiny): ValueError: KV cache too small"
