@@ -99,7 +99,9 @@ def test_a_sweep_runs_on_both_ray_nodes_and_both_numa_nodes_at_once(sim_cluster,
 
 
 def test_one_arm_spans_both_sockets_with_replicas(sim_cluster, tiny_model, tmp_path):
-    spanning = _sweep(tmp_path, "spanning", tiny_model, placement={"replicas": "per_node"})
+    # a warm engine and enough tokens that decode (by difference) has a figure on a busy host
+    spanning = _sweep(tmp_path, "spanning", tiny_model, placement={"replicas": "per_node"},
+                      workload={"prompt_len": 16, "output_len": 64, "warmup": 1, "repeats": 2})
     code = ("import json, sys, omni_ray\n"
             "r = omni_ray.run_sweep(sys.argv[1], address=sys.argv[2], out=sys.argv[3],"
             " allow_busy=True, busy_wait_s=0)\n"
@@ -116,6 +118,7 @@ def test_one_arm_spans_both_sockets_with_replicas(sim_cluster, tiny_model, tmp_p
     assert m["replicas"] == 2 and len(replicas) == 2
     assert len({r["slot"]["node_id"] for r in replicas}) == 2
     assert {r["slot"]["numa_node"] for r in replicas} == {0, 1}
+    assert "decode_tok_s" in m, (m, [r["measurements"] for r in replicas])
     assert m["decode_tok_s"] == sum(r["measurements"]["decode_tok_s"] for r in replicas)
     assert m["rss_anon_tree_mb"] == sum(r["measurements"]["rss_anon_tree_mb"] for r in replicas)
     # released together after both loaded: their measuring windows overlap
