@@ -44,6 +44,25 @@ def _sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
     return path
 
 
+# The driver joins the simulated cluster; the engines run in its raylets.
+DRIVER = ("import json, sys, omni_ray\n"
+          "r = omni_ray.run_sweep(sys.argv[3:], address=sys.argv[1], out=sys.argv[2],"
+          " allow_busy=True, busy_wait_s=0)\n"
+          "print(json.dumps(r.records))")
+
+
+def _run_sweeps(cluster, tmp_path: Path, sweeps: list[Path], timeout: float) -> list[dict]:
+    """The records of one run of ``sweeps`` on ``cluster``, from a driver with its own cache
+    dir (its own host lock)."""
+    env = {**os.environ, **cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
+    env.pop("RAY_AUTH_TOKEN", None)
+    run = subprocess.run([sys.executable, "-c", DRIVER, cluster.address, str(tmp_path / "res"),
+                          *map(str, sweeps)], capture_output=True, text=True, timeout=timeout,
+                         env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def _overlap(a: dict, b: dict) -> bool:
     return (a["timing"]["dispatched"] < b["timing"]["ended"]
             and b["timing"]["dispatched"] < a["timing"]["ended"])
@@ -55,18 +74,7 @@ def test_a_sweep_runs_on_both_ray_nodes_and_both_numa_nodes_at_once(sim_cluster,
                     matrix={"batch": [1, 2], "kv_cache_mib": [32, 48]})
     only1 = _sweep(tmp_path, "only_sim1", tiny_model,
                    placement={"ray_nodes": [f"{local_cluster.LABEL}=sim1"]})
-    code = ("import json, sys, omni_ray\n"
-            "r = omni_ray.run_sweep(sys.argv[1:3], address=sys.argv[3], out=sys.argv[4],"
-            " allow_busy=True, busy_wait_s=0)\n"
-            "print(json.dumps(r.records))")
-    # the driver: its own cache dir (its own host lock); the engines run in the raylets
-    env = {**os.environ, **sim_cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
-    env.pop("RAY_AUTH_TOKEN", None)
-    run = subprocess.run([sys.executable, "-c", code, str(spread), str(only1),
-                          sim_cluster.address, str(tmp_path / "res")],
-                         capture_output=True, text=True, timeout=1700, env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    records = json.loads(run.stdout.strip().splitlines()[-1])
+    records = _run_sweeps(sim_cluster, tmp_path, [spread, only1], timeout=1700)
     assert [r["error"] for r in records if r["status"] != "ok"] == []
     by_sweep = {"spread": [], "only_sim1": []}
     for rec in records:
@@ -102,17 +110,7 @@ def test_one_arm_spans_both_sockets_with_replicas(sim_cluster, tiny_model, tmp_p
     # a warm engine and enough tokens that decode (by difference) has a figure on a busy host
     spanning = _sweep(tmp_path, "spanning", tiny_model, placement={"replicas": "per_node"},
                       workload={"prompt_len": 16, "output_len": 64, "warmup": 1, "repeats": 2})
-    code = ("import json, sys, omni_ray\n"
-            "r = omni_ray.run_sweep(sys.argv[1], address=sys.argv[2], out=sys.argv[3],"
-            " allow_busy=True, busy_wait_s=0)\n"
-            "print(json.dumps(r.records))")
-    env = {**os.environ, **sim_cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
-    env.pop("RAY_AUTH_TOKEN", None)
-    run = subprocess.run([sys.executable, "-c", code, str(spanning), sim_cluster.address,
-                          str(tmp_path / "res")], capture_output=True, text=True, timeout=1000,
-                         env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (rec,) = json.loads(run.stdout.strip().splitlines()[-1])
+    (rec,) = _run_sweeps(sim_cluster, tmp_path, [spanning], timeout=1000)
     assert rec["status"] == "ok", rec.get("error")
     m, replicas = rec["measurements"], rec["replicas"]
     assert m["replicas"] == 2 and len(replicas) == 2
