@@ -116,6 +116,11 @@ def _over_limit(pid: int, limit_mib: int | None, seen: dict) -> bool:
     return anon > limit_mib
 
 
+def _limit_report(limit_mib: int, peak_mb: float | None, *, exceeded: bool) -> dict:
+    return {"limit_mib": limit_mib, "exceeded": exceeded, "peak_rss_anon_mb": peak_mb,
+            "interval_s": POLL_S, "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}
+
+
 def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
                on_poll: Callable[[int], None] | None = None) -> dict:
     """One engine process for ``req``; returns the runner's result plus exit and log facts."""
@@ -154,18 +159,14 @@ def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s
                   "error": f"out of memory: the engine tree's RssAnon reached {peak:.0f} MiB, "
                            f"over memory_limit_mib={limit}; killed",
                   "measurements": {"peak_rss_anon_mb": peak},
-                  "memory_limit": {"limit_mib": limit, "exceeded": True,
-                                   "peak_rss_anon_mb": peak, "interval_s": POLL_S,
-                                   "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}}
+                  "memory_limit": _limit_report(limit, peak, exceeded=True)}
     elif out_path.exists():
         result = json.loads(out_path.read_text())
     else:
         result = {"status": "failed", "error": _death_cause(proc.returncode)}
     if limit is not None and "memory_limit" not in result:
-        result["memory_limit"] = {"limit_mib": limit, "exceeded": False,
-                                  "peak_rss_anon_mb": seen.get("peak_rss_anon_mb"),
-                                  "interval_s": POLL_S,
-                                  "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}
+        result["memory_limit"] = _limit_report(limit, seen.get("peak_rss_anon_mb"),
+                                               exceeded=False)
     result.update(returncode=proc.returncode, wall_s=time.monotonic() - t0,
                   log_path=str(log_path), log=scan_log(text))
     if result["status"] != "ok":

@@ -213,9 +213,7 @@ class Coordinator:
         pf, go = self._preflight(actor)
         if not go:
             ray.kill(actor)
-            self.refused = (f"slot {slot_name} is busy ({pf['message']}); not starting "
-                            f"{task.arm.label} pass {task.pass_no} (use --allow-busy to run "
-                            "anyway, marked contended)")
+            self.refused = _busy_refusal(slot_name, pf, task)
             return
         where = ray.get(actor.where.remote())
         self._emit(self.events.on_dispatch, task, slot_name)
@@ -290,9 +288,7 @@ class Coordinator:
                 actors.append(_stage_actor(task, slot, slot_cores, f":r{i}"))
                 pf, go = self._preflight(actors[-1])
                 if not go:
-                    self.refused = (f"slot {slot.label} is busy ({pf['message']}); not starting "
-                                    f"{task.arm.label} pass {task.pass_no} (use --allow-busy to "
-                                    "run anyway, marked contended)")
+                    self.refused = _busy_refusal(slot.label, pf, task)
                     return
                 pfs.append(pf)
             wheres = ray.get([a.where.remote() for a in actors])
@@ -386,6 +382,12 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             self.running.pop(ref, None)
+
+
+def _busy_refusal(slot_label: str, preflight: dict, task: Task) -> str:
+    return (f"slot {slot_label} is busy ({preflight['message']}); not starting "
+            f"{task.arm.label} pass {task.pass_no} (use --allow-busy to run anyway, marked "
+            "contended)")
 
 
 def _stage_actor(task: Task, slot: SlotRef, slot_cores: int | None, suffix: str = ""):
