@@ -60,8 +60,9 @@ def outcome(record: dict) -> str:
         return f"{record['status'].upper()}: {record.get('error')}"
     m = record.get("measurements") or {}
     regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
+    contended = ", CONTENDED" if record.get("contended") else ""
     return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
-            f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
+            f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB{contended}")
 
 
 def finish_lines(report) -> list[str]:

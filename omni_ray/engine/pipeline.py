@@ -28,7 +28,8 @@ from omni_ray.workload.prompts import token_prompts
 STAGE_FIGURES = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
                  "peak_rss_anon_mb", "kv_cache_tokens", "kv_cache_tokens_budget", "ttft_s",
                  "prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "generate_s",
-                 "input_at", "output_at", "output_token_ids")
+                 "input_at", "output_at", "output_token_ids", "neighbour_cpu_frac",
+                 "neighbour_window_s")
 
 
 def vocab_size(model_path: str) -> int:
@@ -151,6 +152,8 @@ def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: flo
         "bottleneck_stage": gen.index(max(gen)),
         "output_token_ids": last["output_token_ids"],
         "ready_s": max(s["ready_s"] for s in stages),
+        "neighbour_cpu_frac": max((s["neighbour_cpu_frac"] for s in stages
+                                   if s.get("neighbour_cpu_frac") is not None), default=None),
     }
     pins = [s["pinning"] or {} for s in stages]
     out["pinning"] = {"threads": sum(p.get("threads", 0) for p in pins),

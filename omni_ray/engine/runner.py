@@ -18,6 +18,7 @@ import traceback
 from omni_ray.engines import PHASE_MARK, Session, load_engine
 from omni_ray.engines.request import EngineRequest
 from omni_ray.lifetime import die_with_parent
+from omni_ray.measure.cpuload import NeighbourLoad
 from omni_ray.measure.pinning import affinity_tree, bind_slot_memory, pin_all_threads, violations
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
@@ -112,9 +113,11 @@ def run(req: EngineRequest) -> dict:
             session.phase("measuring")
         readback("ready")
         if req.workload is not None:
+            neighbours = NeighbourLoad(os.getpid(), cpus or sorted(os.sched_getaffinity(0)))
             m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
             m.update(engine.run(session))
             m["measured_to"] = time.time()
+            m.update(neighbours.stop())
             readback("end")  # a thread moved off the slot while measuring
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb()

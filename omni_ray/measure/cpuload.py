@@ -124,3 +124,72 @@ def check_idle(cpus: Iterable[int], window_s: float = 0.5, max_avg: float = 0.05
     """Measure ``cpus`` for ``window_s`` and judge them (see module docstring)."""
     per_cpu = cpu_busy(cpus, window_s, reader=reader, sleep=sleep)
     return judge(per_cpu, max_avg=max_avg, max_one=max_one, window_s=window_s)
+
+
+# A measuring window shorter than this says nothing about neighbours: /proc/stat and a
+# process's CPU times both count in clock ticks (10 ms), and the tiny models' windows are ~0.2 s.
+NEIGHBOUR_MIN_WINDOW_S = 2.0
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of ``root``, its reaped children and its live descendants."""
+    import psutil
+
+    me = psutil.Process(root)
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass  # ended between the listing and the reading: its parent counts it when reaped
+    return total
+
+
+def neighbour_share(busy_s: float, own_cpu_s: float, window_s: float, n_cpus: int) -> float:
+    """The share of ``n_cpus`` CPUs' time over ``window_s`` that something other than the
+    engine tree used: their busy seconds less the tree's CPU seconds (pure)."""
+    if window_s <= 0 or n_cpus <= 0:
+        raise ValueError("neighbour_share: empty window or CPU set")
+    return min(1.0, max(0.0, (busy_s - own_cpu_s) / (window_s * n_cpus)))
+
+
+class NeighbourLoad:
+    """Who else used the slot's CPUs while an engine measured: started before the measured run,
+    ``stop()`` after it. The pre-flight sees only the moment an arm starts; a compile or a test
+    that starts on the same CPUs a minute later is seen here. The engine tree is pinned to
+    ``cpus``, so whatever else kept them busy is a neighbour (Ray's own daemons included:
+    ``SLOT_MAX_AVG`` is their measured share)."""
+
+    def __init__(self, root: int, cpus: Iterable[int], *,
+                 reader: Callable[[], str] = read_proc_stat,
+                 clock: Callable[[], float] = time.monotonic,
+                 tree_cpu: Callable[[int], float] = tree_cpu_s) -> None:
+        import os
+
+        self.root, self.cpus, self.reader, self.clock = root, sorted(set(cpus)), reader, clock
+        self.tree_cpu, self.tick = tree_cpu, os.sysconf("SC_CLK_TCK")
+        self.stat, self.own, self.t0 = parse_proc_stat(reader()), tree_cpu(root), clock()
+
+    def stop(self) -> dict:
+        """``neighbour_cpu_frac`` (None when the window is too short to tell) and what it
+        came from."""
+        stat, own = parse_proc_stat(self.reader()), self.tree_cpu(self.root)
+        window = self.clock() - self.t0
+        busy_s = sum((stat[c][0] - self.stat[c][0]) for c in self.cpus if c in stat
+                     and c in self.stat) / self.tick
+        frac = (neighbour_share(busy_s, own - self.own, window, len(self.cpus))
+                if window >= NEIGHBOUR_MIN_WINDOW_S else None)
+        return {"neighbour_cpu_frac": None if frac is None else round(frac, 4),
+                "neighbour_window_s": round(window, 3),
+                "slot_busy_cpu_s": round(busy_s, 2), "engine_cpu_s": round(own - self.own, 2)}
+
+
+def contended_during(measurements: dict, max_avg: float = SLOT_MAX_AVG) -> str | None:
+    """Why a run's figures are not the slot's own (None when they are, or cannot be told)."""
+    frac = measurements.get("neighbour_cpu_frac")
+    if frac is None or frac <= max_avg:
+        return None
+    return (f"while it measured, something else used {frac:.0%} of the slot's CPU time "
+            f"(> {max_avg:.0%}, over {measurements.get('neighbour_window_s', 0):g} s)")

@@ -24,6 +24,7 @@ from omni_ray.config import Arm, SweepConfig
 from omni_ray.engines.request import EngineRequest
 from omni_ray.errors import UserError
 from omni_ray.engine.launch import tail
+from omni_ray.measure.cpuload import contended_during
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import require_capacity, resource_name
@@ -136,7 +137,8 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
     engine_wall = result.get("wall_s") or 0.0
     if result.get("prime"):
         engine_wall += result["prime"].get("wall_s") or 0.0
-    contended = preflight is not None and not preflight.get("ok", True)
+    during = contended_during(result.get("measurements") or {})
+    contended = (preflight is not None and not preflight.get("ok", True)) or during is not None
     return make_record(
         kind="arm", config=task.arm.to_dict(), measurements=result.get("measurements") or {},
         status=result["status"], error=result.get("error"),
@@ -148,7 +150,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "timing": {"dispatched": t_dispatch, "ended": t_end,
                           "wall_s": t_end - t_dispatch, "engine_wall_s": engine_wall,
                           "coordinator_overhead_s": max(0.0, t_end - t_dispatch - engine_wall)},
-               "preflight": preflight, "contended": contended,
+               "preflight": preflight, "contended": contended, "contended_during": during,
                "patch_report": result.get("patch_report"), "kernels": result.get("kernels"),
                "engine_report": result.get("engine_report"),
                "log": result.get("log"),

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 SUMMED = ("decode_tok_s", "prefill_tok_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
           "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "kv_cache_tokens")
-SLOWEST = ("ready_s", "init_s", "import_s", "ttft_s", "decode_ms_per_token")
+SLOWEST = ("ready_s", "init_s", "import_s", "ttft_s", "decode_ms_per_token",
+           "neighbour_cpu_frac")  # the most disturbed replica speaks for the arm
 SAME = ("decode_regime", "weight_bytes_per_token", "llc_bytes")  # kept when every replica agrees
 
 

@@ -1,4 +1,6 @@
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -6,8 +8,9 @@ import time
 import pytest
 
 from omni_ray.errors import UserError
-from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, cpu_busy, judge,
-                                      parse_proc_stat)
+from omni_ray.measure.cpuload import (SLOT_MAX_AVG, NeighbourLoad, busy_between, check_idle,
+                                      contended_during, cpu_busy, judge, neighbour_share,
+                                      parse_proc_stat, tree_cpu_s)
 
 STAT_HEAD = "cpu  100 0 100 1000 0 0 0 0 0 0\n"
 
@@ -107,3 +110,53 @@ def test_a_slot_tolerates_omni_rays_own_background_but_not_a_neighbour():
     assert not judge({1: 0.061}, window_s=0.5).ok
     assert judge({1: 0.061}, max_avg=SLOT_MAX_AVG, window_s=0.5).ok
     assert not judge({1: 0.3}, max_avg=SLOT_MAX_AVG, window_s=0.5).ok
+
+
+def test_neighbour_share_is_busy_time_the_engine_did_not_use():
+    assert neighbour_share(busy_s=3.0, own_cpu_s=2.0, window_s=5.0, n_cpus=1) == pytest.approx(0.2)
+    assert neighbour_share(busy_s=1.0, own_cpu_s=1.2, window_s=5.0, n_cpus=2) == 0.0  # ticks
+    with pytest.raises(ValueError):
+        neighbour_share(1.0, 0.0, 0.0, 1)
+
+
+def test_neighbour_load_from_faked_stat_and_tree_times():
+    tick = os.sysconf("SC_CLK_TCK")
+    texts = iter([stat_text({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}),
+                  stat_text({0: (4 * tick, 0, 1 * tick, 0), 1: (5 * tick, 0, 0, 0)})])
+    clock, tree = iter([10.0, 15.0]), iter([100.0, 106.0])
+    load = NeighbourLoad(1, [0, 1], reader=lambda: next(texts), clock=lambda: next(clock),
+                         tree_cpu=lambda pid: next(tree))
+    out = load.stop()  # 9 busy CPU-seconds of 10, the engine used 6: 3 were a neighbour's
+    assert out["neighbour_cpu_frac"] == pytest.approx(0.3)
+    assert (out["slot_busy_cpu_s"], out["engine_cpu_s"], out["neighbour_window_s"]) == (9, 6, 5)
+    assert "30%" in contended_during(out) and contended_during({"neighbour_cpu_frac": 0.1}) is None
+    texts = iter([stat_text({0: (0, 0, 0, 0)}), stat_text({0: (tick, 0, 0, 0)})])
+    clock, tree = iter([10.0, 11.0]), iter([0.0, 0.0])
+    short = NeighbourLoad(1, [0], reader=lambda: next(texts), clock=lambda: next(clock),
+                          tree_cpu=lambda pid: next(tree)).stop()
+    assert short["neighbour_cpu_frac"] is None and contended_during(short) is None  # 1 s: too short
+
+
+def test_neighbour_load_sees_a_real_spinning_neighbour_and_not_the_engine_itself():
+    """On the real /proc: a busy loop in this process's tree is the engine; one started
+    outside it, on the same CPU, is a neighbour."""
+    cpu = min(os.sched_getaffinity(0))
+    pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
+    spin = [sys.executable, "-c", "import time; t = time.time() + 2.5\nwhile time.time() < t: pass"]
+    own = subprocess.Popen(spin, preexec_fn=pin)  # a child: inside the tree
+    load = NeighbourLoad(os.getpid(), [cpu], tree_cpu=lambda pid: tree_cpu_s(pid))
+    own.wait()
+    mine = load.stop()
+    # outside the tree: started by a shell that exits at once, so init adopts it
+    pid = int(subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 & echo $!', "sh", *spin],
+                             preexec_fn=pin, capture_output=True, text=True, check=True).stdout)
+    try:
+        time.sleep(0.2)
+        other = NeighbourLoad(os.getpid(), [cpu])
+        time.sleep(2.2)
+        theirs = other.stop()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # it ends itself after 2.5 s; this is in case
+    assert mine["engine_cpu_s"] > 1.5 and mine["neighbour_cpu_frac"] < 0.5  # (1.0 if not its own)
+    assert theirs["neighbour_cpu_frac"] is not None and theirs["neighbour_cpu_frac"] > 0.5
