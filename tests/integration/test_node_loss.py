@@ -33,7 +33,9 @@ def loading_on(results: Path, cpus: list[int]) -> str | None:
 
 def test_a_raylet_lost_mid_sweep_fails_its_arm_the_rest_finish_and_resume_completes(
         tiny_model, tmp_path):
-    cfg = cluster_sweep(tmp_path, "lose", tiny_model, matrix={"kv_cache_mib": [32, 40, 48]})
+    # four arms: two start at once, one on each raylet; when sim1's is killed while loading,
+    # arms are still waiting (node 0 would have to run two whole arms meanwhile otherwise)
+    cfg = cluster_sweep(tmp_path, "lose", tiny_model, matrix={"kv_cache_mib": [32, 40, 48, 56]})
     with simulated_cluster(tmp_path / "cluster") as cluster:
         (sim1,) = [r for r in cluster.raylets if r["label"] == "sim1"]
         driver = start_driver(cluster, tmp_path, [cfg])
@@ -53,7 +55,7 @@ def test_a_raylet_lost_mid_sweep_fails_its_arm_the_rest_finish_and_resume_comple
                 driver.wait()
 
         by_name = {f"{r['arm']['id']}.p{r['pass']}": r for r in records}
-        assert len(by_name) == 3
+        assert len(by_name) == 4
         # the arm on the lost node: failed, the node named, its engine log's tail kept
         failed = by_name.pop(lost)
         assert failed["status"] == "failed", failed["error"]
