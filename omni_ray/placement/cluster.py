@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from omni_ray.errors import UserError
@@ -144,3 +145,32 @@ def require_capacity(slot_cores: int | None) -> dict[str, int]:
             f"slot_cores: no Ray node advertises slots of {slot_cores or 'a whole node'} "
             f"core(s); start each node with: ray start ... --resources '{need}'")
     return cap
+
+
+PROBE_TIMEOUT_S = 2.0
+
+
+def node_loss(node: Mapping | None, probe_timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why a Ray node (its ``ray.nodes()`` entry, None when the cluster no longer lists it) is
+    lost, or None while it looks alive.
+
+    Ray's GCS declares a node dead only after its health checks have failed for a while (tens
+    of seconds), while the stage actors on a killed raylet fail at once; so a node Ray still
+    calls alive is also asked directly: a connection to its raylet's port that the host refuses
+    says nothing listens there any more. A probe that times out proves nothing (a firewall,
+    a slow network), and then Ray's word stands."""
+    if node is None:
+        return "no longer listed by the cluster"
+    if not node.get("Alive", True):
+        why = node.get("DeathReasonMessage") or node.get("DeathReason") or "no reason given"
+        return f"dead in Ray's GCS: {why}"
+    address, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+    if not address or not port:
+        return None
+    try:
+        with socket.create_connection((address, int(port)), timeout=probe_timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"its raylet at {address}:{port} refuses connections"
+    except OSError:
+        return None

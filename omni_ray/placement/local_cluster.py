@@ -15,6 +15,7 @@ own (never the user's ``~/.ray/auth_token``), in the state directory.
 
 ``down`` stops exactly the processes of that cluster (those naming its temp dir or its GCS
 address, and their children), never another Ray on the host (``ray stop`` would stop them all).
+``kill_raylet`` kills one raylet's processes alone (a lost node, for the fault tests).
 Used by ``omni-ray cluster up|down`` and by the integration tests' fixture.
 """
 
@@ -178,6 +179,34 @@ def cluster_processes(temp_dir: str, port: int) -> list:
                 ours.setdefault(child.pid, child)
     ours.pop(os.getpid(), None)
     return list(ours.values())
+
+
+def raylet_processes(cluster: LocalCluster, label: str) -> list:
+    """The processes of raylet ``label`` (``sim1``) of ``cluster``: the raylet, its agents,
+    its Ray workers and the engines they started. Each raylet started with its own
+    ``OMNI_RAY_SYSFS_ROOT``, which every one of them inherits."""
+    import psutil
+
+    (root,) = [r["sysfs_root"] for r in cluster.raylets if r["label"] == label]
+    out = []
+    for proc in cluster_processes(cluster.temp_dir, int(cluster.address.rsplit(":", 1)[1])):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(envs.OMNI_RAY_SYSFS_ROOT) == root:
+                out.append(proc)
+    return out
+
+
+def kill_raylet(cluster: LocalCluster, label: str) -> list[int]:
+    """SIGKILL every process of raylet ``label``, as a host that loses power: the node dies
+    with its running arms, the rest of the cluster stays up. Returns the pids killed."""
+    import psutil
+
+    procs = raylet_processes(cluster, label)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
+    return [p.pid for p in procs]
 
 
 def stop_processes(temp_dir: str, port: int, timeout_s: float = 20.0) -> int:

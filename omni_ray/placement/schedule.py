@@ -46,7 +46,8 @@ def node_matches(node: Mapping, selector: str) -> bool:
                         node.get("NodeID"))
 
 
-def _describe(node: Mapping) -> str:
+def describe_node(node: Mapping) -> str:
+    """How messages name a Ray node: host, address, node id (12 hex) and its own labels."""
     labels = {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}
     return (f"{node.get('NodeManagerHostname')} {node.get('NodeManagerAddress')} "
             f"id {str(node.get('NodeID'))[:12]} labels {labels}")
@@ -64,7 +65,7 @@ def slot_pool(nodes: Sequence[Mapping], prefix: str, *, numa_nodes: Sequence[int
         for selector in ray_nodes:
             if not any(node_matches(n, selector) for n in alive):
                 raise UserError(f"placement.ray_nodes: no alive Ray node matches {selector!r} "
-                                f"(nodes: {'; '.join(map(_describe, alive)) or 'none'})")
+                                f"(nodes: {'; '.join(map(describe_node, alive)) or 'none'})")
         alive = [n for n in alive if any(node_matches(n, s) for s in ray_nodes)]
     per_node: list[list[SlotRef]] = []
     for node in sorted(alive, key=lambda n: (str(n.get("NodeManagerHostname")), n["NodeID"])):
@@ -122,14 +123,21 @@ def replica_slots(pool: Sequence[SlotRef]) -> list[SlotRef]:
 
 
 class Scheduler:
-    """Hands out (job, slot) pairs as slots come free; ``done(slot)`` gives a slot back."""
+    """Hands out (job, slot) pairs as slots come free; ``done(slot)`` gives a slot back.
+
+    A Ray node lost mid-sweep (``drop_node``) takes its slots with it: its free slots go at
+    once, its busy ones when they are given back, and none is handed out again. A job that
+    never started (its node died as it was dispatched) goes back to the front (``requeue``).
+    ``stranded``: jobs are waiting and no slot is left on any node."""
 
     def __init__(self, jobs: Sequence[Job], slots: Sequence[Hashable]) -> None:
         if not slots:
             raise ValueError("no slots to run on")
         self.pending = list(jobs)
+        self.slots = list(slots)
         self.free = list(slots)
         self.used: dict[int, set] = {}
+        self.lost_nodes: set[str] = set()
 
     def next(self) -> tuple[Job, Hashable] | None:
         if not self.pending or not self.free:
@@ -141,7 +149,22 @@ class Scheduler:
         return job, slot
 
     def done(self, slot: Hashable) -> None:
-        self.free.append(slot)
+        if not self._lost(slot):
+            self.free.append(slot)
+
+    def requeue(self, job: Job) -> None:
+        self.pending.insert(0, job)
+
+    def drop_node(self, node_id: str) -> None:
+        self.lost_nodes.add(node_id)
+        self.free = [s for s in self.free if not self._lost(s)]
+
+    def _lost(self, slot: Hashable) -> bool:
+        return getattr(slot, "node_id", None) in self.lost_nodes
+
+    @property
+    def stranded(self) -> bool:
+        return bool(self.pending) and all(self._lost(s) for s in self.slots)
 
     def drop_pending(self) -> list[Job]:
         dropped, self.pending = self.pending, []

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,3 +54,71 @@ def phase_seen(log: Path, phase: str) -> bool:
     from omni_ray.engine.launch import PHASE_MARK
 
     return log.exists() and f"{PHASE_MARK}{phase}" in log.read_text(errors="replace")
+
+
+# --- sweeps on a simulated cluster of several raylets (local_cluster) ----------------------
+
+@contextlib.contextmanager
+def simulated_cluster(state: Path):
+    """Two raylets of this machine's cores (their own temp dir, ports and token; stopped by
+    pid, and every process of theirs is gone afterwards)."""
+    from omni_ray.placement import local_cluster
+    from omni_ray.topology.detection import detect_host
+
+    cores = sum(n.num_cores for n in detect_host().nodes)
+    if cores < 2:
+        pytest.skip(f"two simulated sockets need 2 cores, this machine gives {cores}")
+    cluster = local_cluster.up(2, state, slot_sizes=(1,))
+    try:
+        yield cluster
+    finally:
+        local_cluster.down(state)
+        assert local_cluster.cluster_processes(cluster.temp_dir,
+                                               int(cluster.address.rsplit(":", 1)[1])) == []
+
+
+def cluster_sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
+    """A sweep file of 1-core slots on ``model`` (a path: the driver has a cache of its own)."""
+    cfg = {"name": name, "model": str(model), "passes": 1, "timeout_s": ARM_TIMEOUT_S,
+           "placement": {"slot_cores": 1, **extra.pop("placement", {})},
+           "stage": {"kv_cache_mib": 32, "max_model_len": 256},
+           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}, **extra}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+# The driver joins the simulated cluster; the engines run in its raylets.
+DRIVER = ("import json, sys, omni_ray\n"
+          "r = omni_ray.run_sweep(sys.argv[4:], address=sys.argv[1], out=sys.argv[2],"
+          " resume=sys.argv[3] == 'resume', allow_busy=True, busy_wait_s=0)\n"
+          "print(json.dumps(r.records))")
+
+
+def start_driver(cluster, tmp_path: Path, sweeps: list[Path],
+                 resume: bool = False) -> subprocess.Popen:
+    """A run of ``sweeps`` on ``cluster`` into ``tmp_path/res``, from a driver process with its
+    own cache dir (its own host lock); its stderr goes to ``tmp_path/driver.err``."""
+    env = {**os.environ, **cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
+    env.pop("RAY_AUTH_TOKEN", None)
+    with open(tmp_path / "driver.err", "a") as err:
+        return subprocess.Popen([sys.executable, "-c", DRIVER, cluster.address,
+                                 str(tmp_path / "res"), "resume" if resume else "new",
+                                 *map(str, sweeps)], stdout=subprocess.PIPE, stderr=err,
+                                text=True, env=env)
+
+
+def driver_stderr(tmp_path: Path) -> str:
+    return (tmp_path / "driver.err").read_text(errors="replace")[-3000:]
+
+
+def driver_records(driver: subprocess.Popen, tmp_path: Path, timeout: float) -> list[dict]:
+    """The records the driver's run wrote; it must end well (failed arms are records)."""
+    try:
+        out, _ = driver.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        driver.communicate()
+        raise
+    assert driver.returncode == 0, driver_stderr(tmp_path)
+    return json.loads(out.strip().splitlines()[-1])

@@ -4,63 +4,25 @@ two raylets, raylet k holding virtual NUMA node k; a 4-arm sweep runs on both at
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from omni_ray.placement import local_cluster
-from omni_ray.topology.detection import detect_host
+from tests.integration.sweeps import (cluster_sweep, driver_records, simulated_cluster,
+                                     start_driver)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
 def sim_cluster(tmp_path_factory):
-    """Two raylets of this machine's cores (its own temp dir, ports and token; stopped by pid)."""
-    cores = sum(n.num_cores for n in detect_host().nodes)
-    if cores < 2:
-        pytest.skip(f"two simulated sockets need 2 cores, this machine gives {cores}")
-    state = tmp_path_factory.mktemp("simcluster")
-    cluster = local_cluster.up(2, state, slot_sizes=(1,))
-    try:
+    with simulated_cluster(tmp_path_factory.mktemp("simcluster")) as cluster:
         yield cluster
-    finally:
-        local_cluster.down(state)
-        assert local_cluster.cluster_processes(cluster.temp_dir,
-                                               int(cluster.address.rsplit(":", 1)[1])) == []
-
-
-def _sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
-    cfg = {"name": name, "model": str(model), "passes": 1, "timeout_s": 600,
-           "placement": {"slot_cores": 1, **extra.pop("placement", {})},
-           "stage": {"kv_cache_mib": 32, "max_model_len": 256},
-           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}, **extra}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-# The driver joins the simulated cluster; the engines run in its raylets.
-DRIVER = ("import json, sys, omni_ray\n"
-          "r = omni_ray.run_sweep(sys.argv[3:], address=sys.argv[1], out=sys.argv[2],"
-          " allow_busy=True, busy_wait_s=0)\n"
-          "print(json.dumps(r.records))")
 
 
 def _run_sweeps(cluster, tmp_path: Path, sweeps: list[Path], timeout: float) -> list[dict]:
-    """The records of one run of ``sweeps`` on ``cluster``, from a driver with its own cache
-    dir (its own host lock)."""
-    env = {**os.environ, **cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
-    env.pop("RAY_AUTH_TOKEN", None)
-    run = subprocess.run([sys.executable, "-c", DRIVER, cluster.address, str(tmp_path / "res"),
-                          *map(str, sweeps)], capture_output=True, text=True, timeout=timeout,
-                         env=env)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return driver_records(start_driver(cluster, tmp_path, sweeps), tmp_path, timeout)
 
 
 def _overlap(a: dict, b: dict) -> bool:
@@ -70,10 +32,10 @@ def _overlap(a: dict, b: dict) -> bool:
 
 def test_a_sweep_runs_on_both_ray_nodes_and_both_numa_nodes_at_once(sim_cluster, tiny_model,
                                                                      tmp_path):
-    spread = _sweep(tmp_path, "spread", tiny_model,
-                    matrix={"batch": [1, 2], "kv_cache_mib": [32, 48]})
-    only1 = _sweep(tmp_path, "only_sim1", tiny_model,
-                   placement={"ray_nodes": [f"{local_cluster.LABEL}=sim1"]})
+    spread = cluster_sweep(tmp_path, "spread", tiny_model,
+                           matrix={"batch": [1, 2], "kv_cache_mib": [32, 48]})
+    only1 = cluster_sweep(tmp_path, "only_sim1", tiny_model,
+                          placement={"ray_nodes": [f"{local_cluster.LABEL}=sim1"]})
     records = _run_sweeps(sim_cluster, tmp_path, [spread, only1], timeout=1700)
     assert [r["error"] for r in records if r["status"] != "ok"] == []
     by_sweep = {"spread": [], "only_sim1": []}
@@ -108,8 +70,10 @@ def test_a_sweep_runs_on_both_ray_nodes_and_both_numa_nodes_at_once(sim_cluster,
 
 def test_one_arm_spans_both_sockets_with_replicas(sim_cluster, tiny_model, tmp_path):
     # a warm engine and enough tokens that decode (by difference) has a figure on a busy host
-    spanning = _sweep(tmp_path, "spanning", tiny_model, placement={"replicas": "per_node"},
-                      workload={"prompt_len": 16, "output_len": 64, "warmup": 1, "repeats": 2})
+    spanning = cluster_sweep(tmp_path, "spanning", tiny_model,
+                             placement={"replicas": "per_node"},
+                             workload={"prompt_len": 16, "output_len": 64, "warmup": 1,
+                                       "repeats": 2})
     (rec,) = _run_sweeps(sim_cluster, tmp_path, [spanning], timeout=1000)
     assert rec["status"] == "ok", rec.get("error")
     m, replicas = rec["measurements"], rec["replicas"]
