@@ -138,25 +138,35 @@ def test_neighbour_load_from_faked_stat_and_tree_times():
 
 
 def test_neighbour_load_sees_a_real_spinning_neighbour_and_not_the_engine_itself():
-    """On the real /proc: a busy loop in this process's tree is the engine; one started
-    outside it, on the same CPU, is a neighbour."""
+    """On the real /proc: CPU time burnt by a child (in the engine's tree) is the engine's; the
+    same burnt by a process outside the tree, on the same CPU, is a neighbour's. Each burns a
+    fixed CPU time, so other load on the machine only stretches the wait."""
+    import psutil
+
     cpu = min(os.sched_getaffinity(0))
     pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
-    spin = [sys.executable, "-c", "import time; t = time.time() + 2.5\nwhile time.time() < t: pass"]
-    own = subprocess.Popen(spin, preexec_fn=pin)  # a child: inside the tree
-    load = NeighbourLoad(os.getpid(), [cpu], tree_cpu=lambda pid: tree_cpu_s(pid))
-    own.wait()
-    mine = load.stop()
+    burn = [sys.executable, "-c", "import time\nwhile time.process_time() < 2.5: pass"]
+    mine = NeighbourLoad(os.getpid(), [cpu])
+    subprocess.run(burn, preexec_fn=pin, check=True)  # a child, reaped: inside the tree
+    mine = mine.stop()
+    theirs = NeighbourLoad(os.getpid(), [cpu])
     # outside the tree: started by a shell that exits at once, so init adopts it
-    pid = int(subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 & echo $!', "sh", *spin],
+    pid = int(subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 & echo $!', "sh", *burn],
                              preexec_fn=pin, capture_output=True, text=True, check=True).stdout)
     try:
-        time.sleep(0.2)
-        other = NeighbourLoad(os.getpid(), [cpu])
-        time.sleep(2.2)
-        theirs = other.stop()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)  # it ends itself after 2.5 s; this is in case
-    assert mine["engine_cpu_s"] > 1.5 and mine["neighbour_cpu_frac"] < 0.5  # (1.0 if not its own)
-    assert theirs["neighbour_cpu_frac"] is not None and theirs["neighbour_cpu_frac"] > 0.5
+            os.kill(pid, signal.SIGKILL)  # it ends itself; this is in case it did not
+    theirs = theirs.stop()
+    assert mine["engine_cpu_s"] >= 2.4  # the reaped child's 2.5 s are the engine's
+    assert theirs["engine_cpu_s"] < 1.0
+    assert theirs["slot_busy_cpu_s"] - theirs["engine_cpu_s"] >= 2.4  # the outsider's 2.5 s
+    assert theirs["neighbour_cpu_frac"] is not None and theirs["neighbour_cpu_frac"] > 0
