@@ -154,7 +154,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
                "memory": result.get("memory"), "memory_limit": result.get("memory_limit"),
-               "stages": result.get("stages")})
+               "stages": result.get("stages"), "edges": result.get("edges")})
 
 
 class Coordinator:

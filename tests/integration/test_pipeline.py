@@ -4,6 +4,7 @@ same ``launch_pipeline``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -77,6 +78,48 @@ def test_last_stage_tokens_equal_the_stages_run_by_hand(tmp_path):
     assert b["status"] == "ok", b.get("stderr_tail")
     assert b["measurements"]["output_token_ids"] == s1["output_token_ids"] == m["output_token_ids"]
     assert max(max(row) for row in thinker) >= 0  # ids of small's 32000-token vocabulary
+
+
+def by_hand(stage: StageConfig, cpus: tuple[int, ...], prompts: list[list[int]],
+            output_len: int, where, name: str) -> list[list[int]]:
+    """One stage run alone, all its input at once: its output ids."""
+    (where / f"{name}.in.json").write_text(json.dumps({"token_ids": prompts, "final": True}))
+    wl = dataclasses.replace(WORKLOAD, prompt_len=len(prompts[0]), output_len=output_len)
+    res = launch_arm(EngineRequest(stage=stage, cpus=cpus, workload=wl,
+                                   inputs_path=str(where / f"{name}.in.json")),
+                     where, name, timeout_s=600)
+    assert res["status"] == "ok", res.get("stderr_tail")
+    return res["measurements"]["output_token_ids"]
+
+
+@pytest.mark.timeout(1200)
+def test_a_streamed_edge_starts_the_next_stage_early_and_keeps_its_rule(tmp_path):
+    # window 8 of 16 tokens: the talker reads the thinker's output in 2 chunks and writes 8
+    # tokens after each, on the prompt c1 o1 c2 (engines/handover.py)
+    wl = dataclasses.replace(WORKLOAD, output_len=16)
+    talker = PipelineStage(stage=StageConfig(model="tiny", kv_cache_mib=16, max_model_len=128),
+                           cores=1, window=8)
+    req = EngineRequest(stage=StageConfig(model="small", kv_cache_mib=32, max_model_len=128),
+                        workload=wl, cpus=CPUS, node=0, stages=(stage("small", 32), talker))
+    res = launch_pipeline(req, tmp_path, "pipe", timeout_s=600)
+    assert res["status"] == "ok", (res.get("error"), res.get("stderr_tail"))
+    s0, s1 = res["stages"]
+    # the talker had its first chunk while the thinker still generated, and when the thinker
+    # had written it (the record's wall-clock times, one host)
+    (edge,) = res["edges"]
+    assert edge["window"] == 8 and len(s1["chunk_at"]) == 2 and len(s0["sent_at"]) == 1
+    assert s0["sent_at"][0] <= s1["input_at"] < s0["output_at"]
+    assert edge["overlap_s"] > 0 and s1["first_token_at"] < s0["output_at"]
+
+    # by hand, one engine run per chunk under the same rule
+    thinker = s0["output_token_ids"]
+    assert [len(row) for row in thinker] == [16]
+    c1, c2 = ([[t % 2048 for t in row[a:a + 8]] for row in thinker] for a in (0, 8))
+    o1 = by_hand(talker.stage, (1,), c1, 8, tmp_path, "o1")
+    o2 = by_hand(talker.stage, (1,), [a + b + c for a, b, c in zip(c1, o1, c2)], 8, tmp_path,
+                 "o2")
+    assert s1["output_token_ids"] == [a + b for a, b in zip(o1, o2)]
+    assert res["measurements"]["output_token_ids"] == s1["output_token_ids"]
 
 
 @pytest.mark.timeout(900)
