@@ -163,3 +163,45 @@ def test_a_pipeline_sweep_on_ray_records_each_stage_and_goes_on_past_a_failed_ar
                                                                       ok["slot"]["slot"]["cpus"]]
     assert ok["measurements"]["pipeline_e2e_s"] > 0
     assert bad["status"] == "failed" and bad["error"].startswith("stage 1 (tiny): ")
+
+
+@pytest.mark.timeout(1800)
+def test_a_stage_on_another_simulated_node_runs_on_that_node(tmp_path, monkeypatch):
+    """Two simulated sockets of this machine (OMNI_RAY_SYSFS_ROOT), one Ray node: the talker
+    names node 1, so the arm holds a slot on each node, and each stage's threads read back on
+    its own node's CPU; its memory is bound there, or recorded not bound (a simulated node)."""
+    import ray
+
+    import omni_ray
+    from omni_ray.errors import ConfigError
+    from omni_ray.placement.cluster import connect
+    from omni_ray.topology.detection import detect_host
+    from omni_ray.topology.simulate import split_nodes, write_tree
+
+    nodes = split_nodes(detect_host(), 2)
+    monkeypatch.setenv("OMNI_RAY_SYSFS_ROOT", str(write_tree(tmp_path / "sys", nodes)))
+    stages = [{"kv_cache_mib": 16, "max_model_len": 128, "node": 0},
+              {"kv_cache_mib": 16, "max_model_len": 128, "node": 1, "window": 4}]
+    cfg = {"name": "sockets", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 1}, "stages": stages,
+           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 1, "detokenize": False}}
+    connect(None, [1])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path / "res", allow_busy=True)
+        missing = cfg | {"name": "missing", "stages": [stages[0], stages[1] | {"node": 3}]}
+        with pytest.raises(ConfigError, match=r"^<dict>: stages\[1\]\.node: no Ray node has a "
+                                              r"slot on NUMA node 3 .*got 3$"):
+            omni_ray.run_sweep(missing, out=tmp_path / "res", allow_busy=True)
+    finally:
+        ray.shutdown()
+    (rec,) = report.records
+    assert rec["status"] == "ok", (rec.get("error"), rec.get("stderr_tail"))
+    s0, s1 = rec["stages"]
+    assert s0["pinning"]["allowed_cpus"] == list(nodes[0].cpus) == s0["cpus"]
+    assert s1["pinning"]["allowed_cpus"] == list(nodes[1].cpus) == s1["cpus"]
+    assert [s["pinning"]["membind"]["node"] for s in (s0, s1)] == [0, 1]
+    for s in (s0, s1):
+        bind = s["pinning"]["membind"]
+        assert bind["ok"] or bind["reason"] == f"not bound (node {bind['node']} is simulated)"
+    assert [w["numa_node"] for w in rec["slot"]["slots"]] == [0, 1]
+    assert rec["edges"][0]["window"] == 4 and len(s1["chunk_at"]) == 2
