@@ -193,10 +193,10 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
         used[nodes[i]] = used.get(nodes[i], 0) + (ps.cores or 1)
         if used[nodes[i]] > slot:
             on = "the slot's node" if nodes[i] is None else f"node {nodes[i]}"
-            raise (at / "cores").error(f"the stages on {on} need {used[nodes[i]]} cores, more than "
-                                       f"the slot's {slot} (placement.slot_cores; a stage "
-                                       f"without cores takes 1){which}",
-                                       ps.cores if ps.cores is not None else ...)
+            raise (at / "cores").error(
+                f"the stages on {on} need {used[nodes[i]]} cores, more than the slot's {slot} "
+                f"(placement.slot_cores; a stage without cores takes 1){which}",
+                ps.cores if ps.cores is not None else ...)
         if ps.window is not None and i == 0:
             raise (at / "window").error(f"stage 0 reads the prompts: no previous stage streams "
                                         f"to it{which}", ps.window)

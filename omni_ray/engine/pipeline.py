@@ -1,11 +1,12 @@
 """A pipeline arm (docs/pipelines.md): one fresh engine process per stage, each pinned to its
-own share of the arm's slot CPUs, stage i+1 fed stage i's output token ids.
+own share of its node's slot CPUs, stage i+1 fed stage i's output token ids.
 
 Every stage's engine is started at once and loads, warms up and reports "waiting"; when all
 wait, the launcher writes stage 0's prompts, and each stage writes its output ids straight into
-the next stage's input file (mapped there by ``id % vocab_size``), so a hand-over costs no
-process exit. A stage that fails before its hand-over gets the stages still waiting an error
-input, and the arm fails naming the stage. Used from the stage actor and directly (no Ray).
+the next stage's input file (mapped there by ``id % vocab_size``; with a ``window``, in chunks
+as they are produced: engines/handover.py), so a hand-over costs no process exit. A stage that
+fails before its input is complete gets the stages still waiting an error input, and the arm
+fails naming the stage. Used from the stage actor and directly (no Ray).
 """
 
 from __future__ import annotations

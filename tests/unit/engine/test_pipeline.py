@@ -63,8 +63,9 @@ def test_summary_times_the_pipeline_end_to_end_and_names_the_bottleneck(tmp_path
     assert m["last_stage_first_token_s"] == pytest.approx(4.6)
     assert m["rss_anon_tree_mb"] == 70.0 and m["bottleneck_stage"] == 0
     assert out["pinning"]["threads"] == 8
-    assert out["edges"] == [{"from": 0, "to": 1, "window": None, "first_chunk_s": pytest.approx(4.1),
-                             "from_done_s": 4.0, "overlap_s": pytest.approx(-0.1)}]
+    assert out["edges"] == [{"from": 0, "to": 1, "window": None,
+                             "first_chunk_s": pytest.approx(4.1), "from_done_s": 4.0,
+                             "overlap_s": pytest.approx(-0.1)}]
 
 
 def test_a_streamed_edge_records_when_its_first_chunk_arrived(tmp_path: Path):
