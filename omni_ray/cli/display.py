@@ -54,11 +54,18 @@ def header(total: int, skipped: int, dashboard_url: str | None) -> list[str]:
 
 
 def outcome(record: dict) -> str:
-    """What a recorded arm pass gave, in either view: its decode (with its regime) and RSS, or
-    why it failed."""
+    """What a recorded arm pass gave, in either view: its decode (with its regime) and RSS (a
+    pipeline's: its last stage's decode, its end-to-end and first-token times), or why it
+    failed."""
     if record["status"] != "ok":
         return f"{record['status'].upper()}: {record.get('error')}"
     m = record.get("measurements") or {}
+    if record.get("stages"):  # a pipeline: its last stage's decode, and the pipeline's own
+        return (f"last stage decode {_num(m.get('last_stage_decode_tok_s'), '.1f')} tok/s, "
+                f"e2e {_num(m.get('pipeline_e2e_s'), '.2f')} s, first token "
+                f"{_num(m.get('last_stage_first_token_s'), '.2f')} s, "
+                f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB "
+                f"(bottleneck: stage {_num(m.get('bottleneck_stage'), 'd')})")
     regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
     contended = ", CONTENDED" if record.get("contended") else ""
     return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "

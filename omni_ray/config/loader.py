@@ -14,7 +14,7 @@ from omni_ray.config.schema import (
     NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS, STAGE_FIELDS,
     STAGE_PLACEMENT_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig, PipelineStage,
     PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage,
-    check_workload_for)
+    check_workload_for, stage_nodes)
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
@@ -170,7 +170,12 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
     if slot is None:
         raise (where / "placement" / "slot_cores").error(
             "required with stages: (the stages split one slot's cores)")
-    used = 0
+    if arm.replicas == "per_node":
+        raise (where / "placement" / "replicas").error(
+            f"a pipeline runs once per pass, its stages on the nodes they name{which}",
+            arm.replicas)
+    nodes = stage_nodes(arm.stages, None)
+    used: dict[int | None, int] = {}
     for i, ps in enumerate(arm.stages):
         at = where / "stages" / i
         check_stage(ps.stage, at, which)
@@ -178,21 +183,27 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
         if ps.stage.engine != "vllm":
             raise (at / "engine").error(f"a pipeline stage runs on vllm only{which}",
                                         ps.stage.engine)
-        used += ps.cores or 1
-        if used > slot:
-            raise (at / "cores").error(f"stages 0..{i} need {used} cores, more than the slot's "
-                                       f"{slot} (placement.slot_cores; a stage without "
-                                       f"cores takes 1){which}",
-                                       ps.cores if ps.cores is not None else ...)
-        nodes = sweep.placement.nodes
-        if ps.node is not None and nodes is not None and ps.node not in nodes:
-            raise (at / "node").error(f"not one of placement.nodes {list(nodes)}{which}",
+        allowed = sweep.placement.nodes
+        if ps.node is not None and allowed is not None and ps.node not in allowed:
+            raise (at / "node").error(f"not one of placement.nodes {list(allowed)}{which}",
                                       ps.node)
-        first = arm.stages[0].node
-        if ps.node is not None and first is not None and ps.node != first:
-            raise (at / "node").error(
-                f"differs from stage 0's node {first}: a pipeline runs in one slot, on one node, "
-                f"in this release{which}", ps.node)
+        if ps.node is not None and arm.stages[0].node is None:
+            raise (at / "node").error(f"stage 0 names no node: name it too when a later stage "
+                                      f"names one{which}", ps.node)
+        used[nodes[i]] = used.get(nodes[i], 0) + (ps.cores or 1)
+        if used[nodes[i]] > slot:
+            on = "the slot's node" if nodes[i] is None else f"node {nodes[i]}"
+            raise (at / "cores").error(
+                f"the stages on {on} need {used[nodes[i]]} cores, more than the slot's {slot} "
+                f"(placement.slot_cores; a stage without cores takes 1){which}",
+                ps.cores if ps.cores is not None else ...)
+        if ps.window is not None and i == 0:
+            raise (at / "window").error(f"stage 0 reads the prompts: no previous stage streams "
+                                        f"to it{which}", ps.window)
+        if ps.window is not None and w.output_len % ps.window:
+            raise (at / "window").error(
+                f"must divide workload.output_len {w.output_len} (the previous stage's output, "
+                f"read in whole chunks){which}", ps.window)
         prompt = w.prompt_len if i == 0 else w.output_len
         if prompt + w.output_len > ps.stage.max_model_len:
             raise (at / "max_model_len").error(

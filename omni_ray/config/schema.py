@@ -98,10 +98,13 @@ OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
 
 # A pipeline stage (``stages:``, docs/pipelines.md): a full stage config plus its placement.
 # ``cores``: how many of the arm's slot CPUs it gets (None: an equal share of what the stages
-# with a number leave); ``node``: the NUMA node it must run on (None: the slot's).
+# with a number leave); ``node``: the NUMA node it must run on (None: the previous stage's);
+# ``window``: its input streams from the previous stage in chunks of this many tokens as they
+# are produced (None: all at once, when the previous stage has finished).
 STAGE_PLACEMENT_FIELDS: dict[str, f.Check] = {
     "cores": f.optional(f.integer(gt=0)),
     "node": f.optional(f.integer(ge=0)),
+    "window": f.optional(f.integer(gt=0)),
 }
 PIPELINE_STAGE_FIELDS: dict[str, f.Check] = {**STAGE_FIELDS, **STAGE_PLACEMENT_FIELDS}
 # A matrix or zip key addressing one pipeline stage's field: ``stages[1].kv_cache_mib``.
@@ -187,11 +190,13 @@ class PipelineStage(_Config):
     """One stage of a pipeline: its engine config and where in the arm's slot it runs.
 
     Stage i+1's input is stage i's output token ids, each mapped into its vocabulary as
-    ``id % vocab_size`` (the one declared rule, MAP_RULE), after stage i has finished."""
+    ``id % vocab_size`` (the one declared rule, MAP_RULE), after stage i has finished or, with
+    ``window``, in chunks as they are produced (the rule: engines/handover.py)."""
 
     stage: StageConfig
-    cores: int | None = None        # CPUs of the arm's slot (None: an equal share of the rest)
-    node: int | None = None         # the NUMA node it must run on (None: the slot's)
+    cores: int | None = None        # CPUs of its slot (None: an equal share of the rest)
+    node: int | None = None         # the NUMA node it must run on (None: the previous stage's)
+    window: int | None = None       # input streamed in chunks of this many tokens (None: whole)
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -199,7 +204,8 @@ class PipelineStage(_Config):
         _recheck(self, STAGE_PLACEMENT_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.stage.to_dict(), "cores": self.cores, "node": self.node}
+        return {**self.stage.to_dict(), "cores": self.cores, "node": self.node,
+                **({"window": self.window} if self.window is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> PipelineStage:
@@ -209,6 +215,32 @@ class PipelineStage(_Config):
 
 
 MAP_RULE = "id % vocab_size"  # how a stage's output ids become the next stage's input ids
+
+
+def stage_nodes(stages: tuple[PipelineStage, ...], first: int | None) -> list[int | None]:
+    """Each stage's NUMA node: its own ``node``, else the previous stage's; stage 0's, else
+    ``first`` (the node of the slot the arm got)."""
+    out: list[int | None] = []
+    for ps in stages:
+        out.append(ps.node if ps.node is not None else out[-1] if out else first)
+    return out
+
+
+def place_stages(stages: tuple[PipelineStage, ...], first: int | None,
+                 slots: Mapping[int | None, list[int]]) -> list[tuple[int | None, list[int]]]:
+    """Each stage's (node, CPUs): the stages on one node split that node's slot CPUs
+    (``slots``: node -> CPUs) in stage order, as ``split_cores`` does."""
+    nodes = stage_nodes(stages, first)
+    placed: list[tuple[int | None, list[int]]] = [(n, []) for n in nodes]
+    for node in dict.fromkeys(nodes):
+        if node not in slots:
+            i = nodes.index(node)
+            raise ValueError(f"stage {i}: node {node} has no slot of this arm (slots on nodes "
+                             f"{sorted(slots, key=str)})")
+        mine = [i for i, n in enumerate(nodes) if n == node]
+        for i, cpus in zip(mine, split_cores(tuple(stages[i] for i in mine), list(slots[node]))):
+            placed[i] = (node, cpus)
+    return placed
 
 
 def split_cores(stages: tuple[PipelineStage, ...], cpus: list[int]) -> list[list[int]]:

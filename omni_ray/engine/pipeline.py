@@ -1,11 +1,12 @@
 """A pipeline arm (docs/pipelines.md): one fresh engine process per stage, each pinned to its
-own share of the arm's slot CPUs, stage i+1 fed stage i's output token ids.
+own share of its node's slot CPUs, stage i+1 fed stage i's output token ids.
 
 Every stage's engine is started at once and loads, warms up and reports "waiting"; when all
 wait, the launcher writes stage 0's prompts, and each stage writes its output ids straight into
-the next stage's input file (mapped there by ``id % vocab_size``), so a hand-over costs no
-process exit. A stage that fails before its hand-over gets the stages still waiting an error
-input, and the arm fails naming the stage. Used from the stage actor and directly (no Ray).
+the next stage's input file (mapped there by ``id % vocab_size``; with a ``window``, in chunks
+as they are produced: engines/handover.py), so a hand-over costs no process exit. A stage that
+fails before its input is complete gets the stages still waiting an error input, and the arm
+fails naming the stage. Used from the stage actor and directly (no Ray).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from omni_ray.config.schema import MAP_RULE, split_cores
+from omni_ray.config.schema import MAP_RULE, place_stages
 from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engines import handover
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.results.store import write_json_atomic
@@ -28,7 +30,8 @@ from omni_ray.workload.prompts import token_prompts
 STAGE_FIGURES = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
                  "peak_rss_anon_mb", "kv_cache_tokens", "kv_cache_tokens_budget", "ttft_s",
                  "prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "generate_s",
-                 "input_at", "output_at", "output_token_ids", "neighbour_cpu_frac",
+                 "busy_fraction", "window", "input_at", "chunk_at", "first_token_at",
+                 "sent_at", "output_at", "output_token_ids", "neighbour_cpu_frac",
                  "neighbour_window_s")
 
 
@@ -38,23 +41,25 @@ def vocab_size(model_path: str) -> int:
 
 
 def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineRequest]:
-    """One request per stage: its CPUs (a split of ``req.cpus``), its input and output file.
+    """One request per stage: its node and CPUs (the stages on one node split its slot's CPUs:
+    ``req.cpus`` on ``req.node``, ``req.node_cpus`` on the others), its input and output file.
     Stage i >= 1 reads ``output_len`` tokens, so that is its workload's prompt length."""
     if not req.cpus:
         raise ValueError("a pipeline needs the slot's CPUs to split between its stages")
-    cpus = split_cores(req.stages, list(req.cpus))
+    placed = place_stages(req.stages, req.node,
+                          {req.node: list(req.cpus), **{n: list(c) for n, c in req.node_cpus}})
     wl = req.workload
     out = []
-    for i, ps in enumerate(req.stages):
-        if ps.node is not None and req.node is not None and ps.node != req.node:
-            raise ValueError(f"stage {i}: node {ps.node} is not the slot's node {req.node}")
+    for i, (ps, (node, cpus)) in enumerate(zip(req.stages, placed)):
         last = i == len(req.stages) - 1
         out.append(EngineRequest(
-            stage=ps.stage, seed=req.seed, cpus=tuple(cpus[i]), node=req.node,
+            stage=ps.stage, seed=req.seed, cpus=tuple(cpus), node=node,
             simulated=req.simulated,
             workload=wl if i == 0 else dataclasses.replace(wl, prompt_len=wl.output_len),
             inputs_path=str(workdir / f"{name}.s{i}.in.json"),
-            outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json")))
+            outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json"),
+            window=ps.window if i else None,
+            out_window=None if last else req.stages[i + 1].window))
     return out
 
 
@@ -88,16 +93,19 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
     for t in threads:
         t.start()
     started = False
+    told: set[str] = set()
     total_peak = 0.0
     while any(t.is_alive() for t in threads):
         failed = [i for i, r in enumerate(results) if r is not None and r["status"] != "ok"]
         if failed:
             for r in reqs:  # the stages still waiting give up instead of timing out
-                if not Path(r.inputs_path).exists():
+                edge = handover.read_edge(r.inputs_path)
+                if r.inputs_path not in told and not (edge or {}).get("final"):
                     write_json_atomic(Path(r.inputs_path), {"error": f"stage {failed[0]} failed"})
+                    told.add(r.inputs_path)
         elif not started and all(_phase(workdir / f"{name}.s{i}.log") == "waiting"
                                  for i in range(len(reqs))):
-            write_json_atomic(Path(reqs[0].inputs_path), {"token_ids": prompts})
+            handover.write_tokens(reqs[0].inputs_path, prompts, final=True)
             started = True
         now = 0.0
         for i, pid in list(pids.items()):  # the pipeline's RssAnon: every stage tree, one clock
@@ -142,10 +150,18 @@ def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: flo
                    stderr_tail=results[i].get("stderr_tail"))
         return out
     first, last = stages[0], stages[-1]
+    t0 = first["input_at"]
     gen = [s["generate_s"] for s in stages]
+    # each edge: when its first chunk reached the next stage, and how long before the previous
+    # stage finished (> 0: the next stage started while the previous one still generated)
+    out["edges"] = [{"from": i - 1, "to": i, "window": reqs[i].window,
+                     "first_chunk_s": s["input_at"] - t0,
+                     "from_done_s": stages[i - 1]["output_at"] - t0,
+                     "overlap_s": stages[i - 1]["output_at"] - s["input_at"]}
+                    for i, s in enumerate(stages) if i]
     out["measurements"] = {
-        "pipeline_e2e_s": last["output_at"] - first["input_at"],
-        "last_stage_first_token_s": last["input_at"] - first["input_at"] + last["ttft_s"],
+        "pipeline_e2e_s": last["output_at"] - t0,
+        "last_stage_first_token_s": last["first_token_at"] - t0,
         "last_stage_decode_tok_s": last.get("decode_tok_s"),
         "rss_anon_tree_mb": sum(s["rss_anon_tree_mb"] for s in stages),
         "pipeline_peak_rss_anon_mb": total_peak_mb,

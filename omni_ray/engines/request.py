@@ -33,10 +33,16 @@ class EngineRequest:
     go_timeout_s: float = 600.0             # ... or after this long, saying so
     # A pipeline arm (docs/pipelines.md): its stages; the actor runs engine/pipeline.py for it.
     stages: tuple[PipelineStage, ...] = ()
+    # ... whose stages name other NUMA nodes too: the CPUs of its slot on each, ((node, cpus),)
+    node_cpus: tuple[tuple[int, tuple[int, ...]], ...] = ()
     # One pipeline stage's engine: after load and warmup it waits for its input token ids in
-    # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input).
+    # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input;
+    # the edge rule and file: engines/handover.py). ``window``: it reads its input in chunks of
+    # this many tokens as they arrive (None: all at once); ``out_window``: the next stage's.
     inputs_path: str | None = None
     outputs_path: str | None = None
+    window: int | None = None
+    out_window: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -47,6 +53,8 @@ class EngineRequest:
         if self.cpus is not None:
             object.__setattr__(self, "cpus", tuple(int(c) for c in self.cpus))
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "node_cpus", tuple((int(n), tuple(int(c) for c in cpus))
+                                                    for n, cpus in self.node_cpus))
         where = Where(SOURCE, "")
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
@@ -82,7 +90,9 @@ class EngineRequest:
                    simulated=bool(d.get("simulated", False)), go_file=d.get("go_file"),
                    go_timeout_s=float(d.get("go_timeout_s", 600.0)),
                    stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
-                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"))
+                   node_cpus=d.get("node_cpus", ()),
+                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
+                   window=d.get("window"), out_window=d.get("out_window"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -97,4 +107,6 @@ class EngineRequest:
                 "simulated": self.simulated, "go_file": self.go_file,
                 "go_timeout_s": self.go_timeout_s,
                 "stages": [ps.to_dict() for ps in self.stages],
-                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path}
+                "node_cpus": [[n, list(cpus)] for n, cpus in self.node_cpus],
+                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
+                "window": self.window, "out_window": self.out_window}

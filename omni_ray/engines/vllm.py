@@ -6,15 +6,14 @@ Only this module (and vllm_omni) imports vLLM, inside ``load``; the request is t
 
 from __future__ import annotations
 
-import json
-import os
+import itertools
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omni_ray.engine.budget import MiB, kv_bytes_per_token
-from omni_ray.engines import Session, common_env
+from omni_ray.engines import Session, common_env, handover
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.topology.sysfs import format_cpulist
@@ -169,24 +168,41 @@ def run_workload(llm, wl, vocab_size: int, sampler, seed: int) -> dict:
         "output_token_ids": first_tokens} | out
 
 
-def wait_for_inputs(path: str, poll_s: float = 0.01) -> dict:
-    """A pipeline stage's input file, once it exists (the launcher's timeout bounds the wait)."""
-    while not os.path.exists(path):
-        time.sleep(poll_s)
-    with open(path) as f:
-        return json.load(f)
+def stream_generate(llm, prompts: list[list[int]], params,
+                    on_step: Callable[[list[list[int]]], None]) -> tuple[float, list[list[int]]]:
+    """``llm.generate``'s own loop (``LLMEngine.step`` until no request is left), with
+    ``on_step`` called on every row's tokens so far after each step: a pipeline stage hands its
+    output on while it generates. Seconds, and the rows of output ids."""
+    from vllm.sampling_params import RequestOutputKind
+
+    params = params.clone()
+    params.output_kind = RequestOutputKind.CUMULATIVE
+    engine = llm.llm_engine
+    tag = f"stream{next(_STREAMS)}"
+    rows: list[list[int]] = [[] for _ in prompts]
+    with Stopwatch() as sw:
+        for i, p in enumerate(prompts):
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+        while engine.has_unfinished_requests():
+            stepped = False
+            for out in engine.step():
+                rows[int(out.request_id.split("-")[1])] = list(out.outputs[0].token_ids)
+                stepped = True
+            if stepped:
+                on_step(rows)
+    return sw.elapsed, rows
 
 
-def map_tokens(rows: list[list[int]], vocab_size: int) -> list[list[int]]:
-    """The declared rule (``config.schema.MAP_RULE``): each id becomes ``id % vocab_size``."""
-    return [[int(t) % vocab_size for t in row] for row in rows]
+_STREAMS = itertools.count()
 
 
 def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
-    """One pipeline stage: warm up on random prompts of its input length, report "waiting",
-    take the previous stage's output ids (mapped into this vocabulary), generate
-    ``output_len`` greedy tokens, hand them on at once; then a 1-token run on fresh prompts of
-    the same length gives TTFT and, by difference, the decode rate."""
+    """One pipeline stage (the edge rule: ``engines/handover.py``): warm up on random prompts
+    of its input length, report "waiting", then for each chunk of its input (one without a
+    ``window``) generate its share of ``output_len`` greedy tokens on the chunks and outputs so
+    far, handing its output on as it grows (every ``out_window`` tokens, else when done). After:
+    a 1-token and an ``output_len``-token run on fresh prompts of its input length give TTFT,
+    prefill and, by difference, decode rate."""
     from vllm import SamplingParams
 
     wl = req.workload
@@ -194,6 +210,7 @@ def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
     one = SamplingParams(max_tokens=1, **greedy)
     many = SamplingParams(max_tokens=wl.output_len, **greedy)
     seeds = iter(range(1, 1 << 30))
+    plan = handover.chunk_plan(wl.prompt_len, wl.output_len, req.window)
 
     def fresh() -> list[list[int]]:
         return token_prompts(wl.batch, wl.prompt_len, vocab_size,
@@ -202,25 +219,42 @@ def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
     for _ in range(wl.warmup):
         timed_generate(llm, fresh(), many)
     phase("waiting")
-    data = wait_for_inputs(req.inputs_path)
-    input_at = time.time()
-    if "error" in data:
-        raise RuntimeError(f"no input: {data['error']}")
-    prompts = map_tokens(data["token_ids"], vocab_size)
-    phase("measuring")
-    t_n, outs = timed_generate(llm, prompts, many)
+    outbox = handover.Outbox(req.outputs_path, req.out_window)
+    prompt: list[list[int]] = []   # c1 o1 c2 o2 ...: the next generation's prompt
+    out: list[list[int]] = []      # o1 o2 ...: this stage's output so far
+    mapped: list[list[int]] = []   # c1 c2 ...: its input so far, mapped into its vocabulary
+    chunk_at, busy, first_token_at = [], 0.0, None
+    for k, (need, n) in enumerate(plan):
+        rows = handover.wait_for_tokens(req.inputs_path, need)
+        chunk_at.append(time.time())
+        if k == 0:
+            phase("measuring")
+            prompt, out, mapped = ([[] for _ in rows] for _ in range(3))
+        chunk = handover.map_tokens([r[need - plan[0][0]:] for r in rows], vocab_size)
+        prompt = handover.interleave(prompt, chunk)
+        mapped = handover.interleave(mapped, chunk)
+        before = out
+
+        def step(new: list[list[int]], before=before) -> None:
+            nonlocal first_token_at
+            if first_token_at is None:
+                first_token_at = time.time()
+            outbox([b + r for b, r in zip(before, new)])
+
+        t, new = stream_generate(llm, prompt, SamplingParams(max_tokens=n, **greedy), step)
+        busy += t
+        out = [b + r for b, r in zip(before, new)]
+        prompt = handover.interleave(prompt, new)
     output_at = time.time()
-    ids = [list(o.outputs[0].token_ids) for o in outs]
-    if req.outputs_path is not None:
-        tmp = req.outputs_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"token_ids": ids}, f)
-        os.replace(tmp, req.outputs_path)
+    outbox(out, final=True)
     t_one, _ = timed_generate(llm, fresh(), one)
-    return timing_figures([t_one], [t_n], batch=len(prompts), prompt_len=len(prompts[0]),
+    t_n, _ = timed_generate(llm, fresh(), many)
+    return timing_figures([t_one], [t_n], batch=len(out), prompt_len=wl.prompt_len,
                           output_len=wl.output_len) | {
-        "generate_s": t_n, "input_at": input_at, "output_at": output_at,
-        "input_token_ids": prompts, "output_token_ids": ids}
+        "generate_s": busy, "busy_fraction": busy / (output_at - chunk_at[0]),
+        "input_at": chunk_at[0], "chunk_at": chunk_at, "first_token_at": first_token_at,
+        "output_at": output_at, "sent_at": outbox.sent_at, "window": req.window,
+        "input_token_ids": mapped, "output_token_ids": out}
 
 
 def timing_figures(t_one: list[float], t_n: list[float], *, batch: int, prompt_len: int,

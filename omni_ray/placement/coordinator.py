@@ -19,7 +19,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import ray
@@ -27,7 +27,8 @@ import ray
 from omni_ray import envs
 from omni_ray.config import Arm, SweepConfig
 from omni_ray.engines.request import EngineRequest
-from omni_ray.errors import UserError
+from omni_ray.config.schema import stage_nodes
+from omni_ray.errors import ConfigError, UserError
 from omni_ray.engine.launch import tail
 from omni_ray.measure.cpuload import contended_during
 from omni_ray.models.build import resolve_model
@@ -172,7 +173,7 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
                "memory": result.get("memory"), "memory_limit": result.get("memory_limit"),
-               "stages": result.get("stages")})
+               "stages": result.get("stages"), "edges": result.get("edges")})
 
 
 class Coordinator:
@@ -295,6 +296,14 @@ class Coordinator:
         return died_result(task.out_dir / "logs", name,
                            error if lost is None else f"{lost}; {error}")
 
+    def _result_of(self, task: Task, name: str, slot: SlotRef, ref) -> dict:
+        """What ``ref`` (an actor's run of ``name`` on ``slot``) returned, or, its actor dead,
+        the failed result ``_actor_died`` makes."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            return self._actor_died(task, name, slot, exc)
+
     def _collect(self, ref, sched: Scheduler, lost: str | None = None) -> None:
         """Record a finished arm pass; ``lost``: its node was lost, and its result with it."""
         task, slot_res, actor, t0, where, pf = self.running.pop(ref)
@@ -348,6 +357,8 @@ class Coordinator:
         slots = replica_slots(pool)[:group.max_slots]
         if not slots:
             raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
+        placed = {t.arm.id: pipeline_slots(t.sweep.source, t.arm, slots) for t in tasks
+                  if arm_nodes(t.arm)}  # every arm's nodes found before any arm starts
         for started, task in enumerate(tasks):
             if self.refused:
                 break
@@ -355,36 +366,52 @@ class Coordinator:
             live = [s for s in slots if self._node_lost(s.node_id, nodes) is None]
             if not live:  # a lost node's replicas are left out; the record counts the replicas
                 raise UserError(self._no_node_left(len(tasks) - started))
-            self._run_replicas(task, live if task.arm.replicas == "per_node" else live[:1],
-                               group.slot_cores)
+            if task.arm.id in placed:
+                self._run_pipeline(task, placed[task.arm.id], group.slot_cores)
+            else:
+                self._run_replicas(task, live if task.arm.replicas == "per_node" else live[:1],
+                                   group.slot_cores)
 
-    def _run_replicas(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
+    @contextlib.contextmanager
+    def _hold(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None,
+              ) -> Iterator[tuple[list, list[dict], dict] | None]:
+        """A stage actor on each of ``slots`` at once, each past its preflight: yields
+        (actors, wheres, preflight of them all), or None when one slot is busy
+        (``self.refused`` says why). The actors, and their engines, die on exit (Ctrl-C too)."""
         actors, pfs = [], []
-        t0 = time.time()
         try:
             for i, slot in enumerate(slots):
                 actors.append(_stage_actor(task, slot, slot_cores, f":r{i}"))
                 pf, go = self._preflight(actors[-1])
                 if not go:
                     self.refused = _busy_refusal(slot.label, pf, task)
+                    yield None
                     return
                 pfs.append(pf)
             wheres = ray.get([a.where.remote() for a in actors])
-            label = "+".join(s.label for s in slots)
-            self._emit(self.events.on_dispatch, task, label)
+            self._emit(self.events.on_dispatch, task, "+".join(s.label for s in slots))
+            yield actors, wheres, {
+                "ok": all(p["ok"] for p in pfs), "replicas": pfs,
+                "message": "; ".join(p.get("message", "") for p in pfs if not p["ok"])}
+        finally:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+
+    def _run_replicas(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
+        t0 = time.time()
+        with self._hold(task, slots, slot_cores) as held:
+            if held is None:
+                return
+            actors, wheres, pf = held
             req = engine_request(task.arm, task.pass_no)
             refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
                                  task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
                     for i, a in enumerate(actors)]
             self._release_together(actors, refs, task.arm.timeout_s)
-            results = []
-            for i, (slot, ref) in enumerate(zip(slots, refs)):
-                try:
-                    results.append(ray.get(ref))
-                except ray.exceptions.RayError as exc:  # the actor itself died
-                    results.append(self._actor_died(task, f"{task.name}.r{i}", slot, exc))
-            pf = {"ok": all(p["ok"] for p in pfs), "replicas": pfs,
-                  "message": "; ".join(p.get("message", "") for p in pfs if not p["ok"])}
+            results = [self._result_of(task, f"{task.name}.r{i}", slot, ref)
+                       for i, (slot, ref) in enumerate(zip(slots, refs))]
+            label = "+".join(s.label for s in slots)
             record = make_arm_record(task, self.run_id, aggregate(results),
                                      slot={"label": label, "replicas": wheres}, t_dispatch=t0,
                                      t_end=time.time(), preflight=pf)
@@ -393,10 +420,25 @@ class Coordinator:
                  "measurements": res.get("measurements"), "log_path": res.get("log_path")}
                 for where, res in zip(wheres, results)]
             self._write(task, record)
-        finally:  # Ctrl-C included: the engines die with their actors
-            for actor in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor)
+
+    def _run_pipeline(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None) -> None:
+        """A pipeline whose stages name their NUMA nodes: a slot on each of them, held together
+        on one Ray node (``pipeline_slots``); the actor of stage 0's node launches every stage,
+        each pinned to its node's slot and its memory bound there (engine/pipeline.py)."""
+        t0 = time.time()
+        with self._hold(task, slots, slot_cores) as held:
+            if held is None:
+                return
+            actors, wheres, pf = held
+            req = dataclasses.replace(
+                engine_request(task.arm, task.pass_no),
+                node_cpus=tuple((w["numa_node"], tuple(w["slot"]["cpus"])) for w in wheres[1:]))
+            result = self._result_of(task, task.name, slots[0], actors[0].run.remote(
+                req, str(task.out_dir / "logs"), task.name, task.arm.timeout_s, False))
+            label = "+".join(s.label for s in slots)
+            self._write(task, make_arm_record(
+                task, self.run_id, result, slot={"label": label, **wheres[0], "slots": wheres},
+                t_dispatch=t0, t_end=time.time(), preflight=pf))
 
     @staticmethod
     def _release_together(actors: Sequence, refs: Sequence, timeout_s: float) -> None:
@@ -470,6 +512,37 @@ class Coordinator:
             self.running.pop(ref, None)
 
 
+def arm_nodes(arm: Arm) -> list[int]:
+    """The NUMA nodes a pipeline arm's stages name, stage 0's first (none: it runs in any one
+    slot, as an arm with one engine does)."""
+    if not arm.stages or arm.stages[0].node is None:
+        return []
+    return list(dict.fromkeys(stage_nodes(arm.stages, None)))
+
+
+def pipeline_slots(source: str, arm: Arm, slots: Sequence[SlotRef]) -> list[SlotRef]:
+    """One slot on each node ``arm``'s stages name, all on one Ray node (one host: the stages
+    hand over through files). A node no Ray node has, or nodes only different Ray nodes have,
+    is bad input naming the stage."""
+    nodes = arm_nodes(arm)
+    by_ray: dict[str, dict[int, SlotRef]] = {}
+    for slot in slots:
+        by_ray.setdefault(slot.node_id, {}).setdefault(slot.numa_node, slot)
+    for have in by_ray.values():
+        if all(n in have for n in nodes):
+            return [have[n] for n in nodes]
+    every = sorted({n for have in by_ray.values() for n in have})
+    placed = stage_nodes(arm.stages, None)
+    for n in nodes:
+        if n not in every:
+            raise ConfigError(source, f"stages[{placed.index(n)}].node",
+                              f"no Ray node has a slot on NUMA node {n} (nodes with slots: "
+                              f"{every}; a simulated socket needs OMNI_RAY_SYSFS_ROOT)", n)
+    raise ConfigError(source, f"stages[{placed.index(nodes[-1])}].node",
+                      f"NUMA nodes {nodes} are on different Ray nodes; a pipeline's stages run "
+                      "on one host (they hand over through files)", nodes[-1])
+
+
 def _busy_refusal(slot_label: str, preflight: dict, task: Task) -> str:
     return (f"slot {slot_label} is busy ({preflight['message']}); not starting "
             f"{task.arm.label} pass {task.pass_no} (use --allow-busy to run anyway, marked "
@@ -507,8 +580,9 @@ def plan_tasks(sweeps: Sequence[tuple[SweepConfig, list[Arm], Path]],
     for sweep, arms, out_dir in sweeps:
         pl = sweep.placement
         for arm in arms:
-            # one arm spanning sockets takes the whole pool: its sweep runs one arm at a time
-            spans = any(a.replicas == "per_node" for a in arms)
+            # one arm spanning sockets takes the whole pool: its sweep runs one arm at a time;
+            # so does a pipeline whose stages name their nodes
+            spans = any(a.replicas == "per_node" or arm_nodes(a) for a in arms)
             key = GroupKey(arm.slot_cores, pl.nodes, pl.max_slots, pl.ray_nodes,
                            "per_node" if spans else 1)
             groups.setdefault(key, []).append((sweep, arm, out_dir))

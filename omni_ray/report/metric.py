@@ -28,6 +28,11 @@ def _memory(name: str, title: str, band: float) -> Metric:
 # In the order a table shows them: the headline figures first.
 METRICS: tuple[Metric, ...] = (
     Metric("decode_tok_s", "decode", "tok/s", True, 6.0),
+    # a pipeline's (docs/pipelines.md): its last stage's decode, end to end, first token
+    Metric("last_stage_decode_tok_s", "last stage decode", "tok/s", True, 6.0),
+    Metric("pipeline_e2e_s", "pipeline e2e", "s", False, 6.0),
+    Metric("last_stage_first_token_s", "last stage first token", "s", False, 6.0),
+    _memory("pipeline_peak_rss_anon_mb", "pipeline peak RssAnon", 2.0),
     Metric("prefill_tok_s", "prefill", "tok/s", True, 6.0),
     Metric("ttft_s", "TTFT", "s", False, 6.0),
     Metric("decode_ms_per_token", "decode step", "ms", False, 6.0),

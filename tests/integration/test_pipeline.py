@@ -4,6 +4,7 @@ same ``launch_pipeline``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -79,6 +80,49 @@ def test_last_stage_tokens_equal_the_stages_run_by_hand(tmp_path):
     assert max(max(row) for row in thinker) >= 0  # ids of small's 32000-token vocabulary
 
 
+def by_hand(stage: StageConfig, cpus: tuple[int, ...], prompts: list[list[int]],
+            output_len: int, where, name: str) -> list[list[int]]:
+    """One stage run alone, all its input at once: its output ids."""
+    (where / f"{name}.in.json").write_text(json.dumps({"token_ids": prompts, "final": True}))
+    wl = dataclasses.replace(WORKLOAD, prompt_len=len(prompts[0]), output_len=output_len)
+    res = launch_arm(EngineRequest(stage=stage, cpus=cpus, workload=wl,
+                                   inputs_path=str(where / f"{name}.in.json")),
+                     where, name, timeout_s=600)
+    assert res["status"] == "ok", res.get("stderr_tail")
+    return res["measurements"]["output_token_ids"]
+
+
+@pytest.mark.timeout(1200)
+def test_a_streamed_edge_starts_the_next_stage_early_and_keeps_its_rule(tmp_path):
+    # window 8 of 16 tokens: the talker reads the thinker's output in 2 chunks and writes 8
+    # tokens after each, on the prompt c1 o1 c2 (engines/handover.py)
+    wl = dataclasses.replace(WORKLOAD, output_len=16)
+    talker = PipelineStage(stage=StageConfig(model="tiny", kv_cache_mib=16, max_model_len=128),
+                           cores=1, window=8)
+    req = EngineRequest(stage=StageConfig(model="small", kv_cache_mib=32, max_model_len=128),
+                        workload=wl, cpus=CPUS, node=0, stages=(stage("small", 32), talker))
+    res = launch_pipeline(req, tmp_path, "pipe", timeout_s=600)
+    assert res["status"] == "ok", (res.get("error"), res.get("stderr_tail"))
+    s0, s1 = res["stages"]
+    # the thinker wrote each chunk as it had it; the talker had its first chunk after it was
+    # written and while the thinker still generated (the record's wall-clock times, one host)
+    (edge,) = res["edges"]
+    assert edge["window"] == 8 and len(s1["chunk_at"]) == 2 == len(s0["sent_at"])
+    assert all(sent <= got for sent, got in zip(s0["sent_at"], s1["chunk_at"]))
+    assert s0["sent_at"][0] <= s1["input_at"] < s0["output_at"]
+    assert edge["overlap_s"] > 0 and s1["first_token_at"] < s0["output_at"]
+
+    # by hand, one engine run per chunk under the same rule
+    thinker = s0["output_token_ids"]
+    assert [len(row) for row in thinker] == [16]
+    c1, c2 = ([[t % 2048 for t in row[a:a + 8]] for row in thinker] for a in (0, 8))
+    o1 = by_hand(talker.stage, (1,), c1, 8, tmp_path, "o1")
+    o2 = by_hand(talker.stage, (1,), [a + b + c for a, b, c in zip(c1, o1, c2)], 8, tmp_path,
+                 "o2")
+    assert s1["output_token_ids"] == [a + b for a, b in zip(o1, o2)]
+    assert res["measurements"]["output_token_ids"] == s1["output_token_ids"]
+
+
 @pytest.mark.timeout(900)
 def test_a_stage_that_fails_to_start_fails_the_arm_naming_it(tmp_path):
     # 1 MiB of KV holds about 1024 tiny tokens, less than one 2048-token sequence: vLLM refuses
@@ -120,3 +164,45 @@ def test_a_pipeline_sweep_on_ray_records_each_stage_and_goes_on_past_a_failed_ar
                                                                       ok["slot"]["slot"]["cpus"]]
     assert ok["measurements"]["pipeline_e2e_s"] > 0
     assert bad["status"] == "failed" and bad["error"].startswith("stage 1 (tiny): ")
+
+
+@pytest.mark.timeout(1800)
+def test_a_stage_on_another_simulated_node_runs_on_that_node(tmp_path, monkeypatch):
+    """Two simulated sockets of this machine (OMNI_RAY_SYSFS_ROOT), one Ray node: the talker
+    names node 1, so the arm holds a slot on each node, and each stage's threads read back on
+    its own node's CPU; its memory is bound there, or recorded not bound (a simulated node)."""
+    import ray
+
+    import omni_ray
+    from omni_ray.errors import ConfigError
+    from omni_ray.placement.cluster import connect
+    from omni_ray.topology.detection import detect_host
+    from omni_ray.topology.simulate import split_nodes, write_tree
+
+    nodes = split_nodes(detect_host(), 2)
+    monkeypatch.setenv("OMNI_RAY_SYSFS_ROOT", str(write_tree(tmp_path / "sys", nodes)))
+    stages = [{"kv_cache_mib": 16, "max_model_len": 128, "node": 0},
+              {"kv_cache_mib": 16, "max_model_len": 128, "node": 1, "window": 4}]
+    cfg = {"name": "sockets", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 1}, "stages": stages,
+           "workload": {"prompt_len": 16, "output_len": 8, "warmup": 1, "detokenize": False}}
+    connect(None, [1])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path / "res", allow_busy=True)
+        missing = cfg | {"name": "missing", "stages": [stages[0], stages[1] | {"node": 3}]}
+        with pytest.raises(ConfigError, match=r"^<dict>: stages\[1\]\.node: no Ray node has a "
+                                              r"slot on NUMA node 3 .*got 3$"):
+            omni_ray.run_sweep(missing, out=tmp_path / "res", allow_busy=True)
+    finally:
+        ray.shutdown()
+    (rec,) = report.records
+    assert rec["status"] == "ok", (rec.get("error"), rec.get("stderr_tail"))
+    s0, s1 = rec["stages"]
+    assert s0["pinning"]["allowed_cpus"] == list(nodes[0].cpus) == s0["cpus"]
+    assert s1["pinning"]["allowed_cpus"] == list(nodes[1].cpus) == s1["cpus"]
+    assert [s["pinning"]["membind"]["node"] for s in (s0, s1)] == [0, 1]
+    for s in (s0, s1):
+        bind = s["pinning"]["membind"]
+        assert bind["ok"] or bind["reason"] == f"not bound (node {bind['node']} is simulated)"
+    assert [w["numa_node"] for w in rec["slot"]["slots"]] == [0, 1]
+    assert rec["edges"][0]["window"] == 4 and len(s1["chunk_at"]) == 2

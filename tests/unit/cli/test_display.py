@@ -20,6 +20,17 @@ def test_an_arm_without_a_decode_figure_prints_na():
     assert "batch=1 pass 2: decode n/a tok/s, rss 478 MiB" in out.getvalue()
 
 
+def test_a_pipeline_arm_shows_its_last_stage_decode_and_end_to_end_time():
+    out = io.StringIO()
+    p = Progress(out, enabled=True)
+    p.start(1, 0, None)
+    p.record(task(), {"status": "ok", "slot": {}, "stages": [{}, {}], "measurements": {
+        "last_stage_decode_tok_s": 41.25, "pipeline_e2e_s": 3.456,
+        "last_stage_first_token_s": 1.2, "rss_anon_tree_mb": 700.4, "bottleneck_stage": 0}})
+    assert ("batch=1 pass 2: last stage decode 41.2 tok/s, e2e 3.46 s, first token 1.20 s, "
+            "rss 700 MiB (bottleneck: stage 0)") in out.getvalue()
+
+
 def test_a_failed_arm_says_why():
     out = io.StringIO()
     p = Progress(out, enabled=True)

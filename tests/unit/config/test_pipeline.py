@@ -52,3 +52,21 @@ def test_cores_of_all_stages_beyond_the_slot_name_the_stage():
     bad = BASE | {"stages": [{"kv_cache_mib": 32, "cores": 1}, {"kv_cache_mib": 16, "cores": 2}]}
     with pytest.raises(ConfigError, match=r"stages\[1\]\.cores: .*more than the slot's 2"):
         sweep_from_dict(bad)
+
+
+def test_a_window_streams_into_a_later_stage_and_is_an_axis():
+    sweep = sweep_from_dict(BASE | {"matrix": {"stages[1].window": [4, 8]}})
+    assert [a.stages[1].window for a in expand(sweep)] == [4, 8]
+    assert "window" not in sweep_from_dict(BASE).stages[1].to_dict()  # ids kept without one
+
+
+@pytest.mark.parametrize("stage,window,message", [
+    (1, 0, r"stages\[1\]\.window: must be > 0, got 0"),
+    (1, 3, r"stages\[1\]\.window: must divide workload.output_len 8 .*, got 3"),
+    (0, 4, r"stages\[0\]\.window: stage 0 reads the prompts.*, got 4"),
+])
+def test_a_bad_window_names_the_stage_field_and_value(stage, window, message):
+    stages = [dict(s) for s in BASE["stages"]]
+    stages[stage]["window"] = window
+    with pytest.raises(ConfigError, match=message):
+        sweep_from_dict(BASE | {"stages": stages})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,11 @@ from omni_ray.engines.request import EngineRequest
 WL = WorkloadConfig(prompt_len=16, output_len=8)
 
 
-def _req(cpus=(0, 1, 2), node=0, stage1_node=None) -> EngineRequest:
+def _req(cpus=(0, 1, 2), node=0, stage1_node=None, window=None) -> EngineRequest:
     tiny = StageConfig(model="tiny", kv_cache_mib=16)
     return EngineRequest(stage=tiny, workload=WL, cpus=cpus, node=node,
                          stages=(PipelineStage(stage=tiny, cores=1),
-                                 PipelineStage(stage=tiny, node=stage1_node)))
+                                 PipelineStage(stage=tiny, node=stage1_node, window=window)))
 
 
 def test_each_stage_gets_its_cpus_and_feeds_the_next(tmp_path: Path):
@@ -26,16 +27,29 @@ def test_each_stage_gets_its_cpus_and_feeds_the_next(tmp_path: Path):
     assert r0.outputs_path == r1.inputs_path == str(tmp_path / "x.s1.in.json")
     assert r1.outputs_path is None
     assert (r0.workload.prompt_len, r1.workload.prompt_len) == (16, 8)  # stage 1 reads 8 ids
+    assert (r0.window, r0.out_window, r1.window) == (None, None, None)
 
 
-def test_a_stage_on_another_node_than_the_slot_is_refused(tmp_path: Path):
-    with pytest.raises(ValueError, match="stage 1: node 1 is not the slot's node 0"):
+def test_a_window_streams_the_edge_into_the_stage_that_names_it(tmp_path: Path):
+    r0, r1 = stage_requests(_req(window=4), tmp_path, "x")
+    assert (r0.window, r0.out_window, r1.window, r1.out_window) == (None, 4, 4, None)
+
+
+def test_a_stage_on_another_node_runs_on_that_node_s_slot(tmp_path: Path):
+    req = dataclasses.replace(_req(stage1_node=1), node_cpus=((1, (4, 5)),))
+    r0, r1 = stage_requests(EngineRequest.from_dict(req.to_dict()), tmp_path, "x")
+    assert (r0.node, r0.cpus, r1.node, r1.cpus) == (0, (0,), 1, (4, 5))  # all of node 1's slot
+
+
+def test_a_stage_on_a_node_the_arm_has_no_slot_on_is_refused(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"stage 1: node 1 has no slot of this arm "
+                                         r"\(slots on nodes \[0\]\)"):
         stage_requests(_req(stage1_node=1), tmp_path, "x")
 
 
 def _ok(gen: float, t_in: float, t_out: float, rss: float) -> dict:
     return {"status": "ok", "measurements": {
-        "generate_s": gen, "input_at": t_in, "output_at": t_out, "ttft_s": 0.5,
+        "generate_s": gen, "input_at": t_in, "output_at": t_out, "first_token_at": t_in + 0.5,
         "rss_anon_tree_mb": rss, "ready_s": 3.0, "output_token_ids": [[1, 2]]},
         "pinning": {"threads": 4, "processes": 1, "allowed_cpus": [0], "violations": []}}
 
@@ -49,6 +63,17 @@ def test_summary_times_the_pipeline_end_to_end_and_names_the_bottleneck(tmp_path
     assert m["last_stage_first_token_s"] == pytest.approx(4.6)
     assert m["rss_anon_tree_mb"] == 70.0 and m["bottleneck_stage"] == 0
     assert out["pinning"]["threads"] == 8
+    assert out["edges"] == [{"from": 0, "to": 1, "window": None,
+                             "first_chunk_s": pytest.approx(4.1), "from_done_s": 4.0,
+                             "overlap_s": pytest.approx(-0.1)}]
+
+
+def test_a_streamed_edge_records_when_its_first_chunk_arrived(tmp_path: Path):
+    reqs = stage_requests(_req(window=4), tmp_path, "x")
+    out = summarise(reqs, [_ok(4.0, 100.0, 104.0, 50.0), _ok(2.0, 102.0, 105.0, 20.0)], 71.0)
+    (edge,) = out["edges"]
+    assert edge["window"] == 4 and edge["first_chunk_s"] == 2.0 and edge["overlap_s"] == 2.0
+    assert out["measurements"]["last_stage_first_token_s"] == pytest.approx(2.5)
 
 
 def test_the_stage_that_failed_on_its_own_is_named(tmp_path: Path):

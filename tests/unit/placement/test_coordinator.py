@@ -52,3 +52,44 @@ def test_one_replica_keeps_the_arm_id_it_had():
     (arm,) = expand(sweep)
     assert arm.id == arm_id("s", arm.stage, arm.workload, None)
     assert arm.id != arm_id("s", arm.stage, arm.workload, None, "per_node")
+
+
+PIPE = {"name": "pipe", "model": "tiny", "placement": {"slot_cores": 2},
+        "workload": {"prompt_len": 16, "output_len": 8},
+        "stages": [{"kv_cache_mib": 16, "node": 0}, {"kv_cache_mib": 16}],
+        "matrix": {"stages[1].node": [0, 1]}}
+
+
+def _slot(ray_node: str, numa: int):
+    from omni_ray.placement.schedule import SlotRef
+
+    return SlotRef(ray_node, f"omni_slot_c1_n{numa}s0", label=f"{ray_node}/n{numa}s0")
+
+
+def test_a_pipeline_naming_nodes_gets_a_slot_on_each_on_one_ray_node(tmp_path):
+    from omni_ray.placement.coordinator import arm_nodes, pipeline_slots
+
+    same, other = expand(sweep_from_dict(PIPE))
+    assert (arm_nodes(same), arm_nodes(other)) == ([0], [0, 1])
+    # a pipeline naming its nodes runs one arm at a time, as replicas do
+    (group,) = plan_tasks([(sweep_from_dict(PIPE), [same, other], tmp_path)], None)
+    assert group.replicas == "per_node"
+    # ray node "a" has only NUMA node 0; "b" has both: the pipeline goes to "b"
+    slots = [_slot("a", 0), _slot("b", 0), _slot("b", 1)]
+    assert [s.label for s in pipeline_slots("f.yaml", other, slots)] == ["b/n0s0", "b/n1s0"]
+    assert [s.label for s in pipeline_slots("f.yaml", same, slots)] == ["a/n0s0"]
+
+
+def test_stages_on_a_missing_node_or_on_two_ray_nodes_are_refused_naming_the_stage():
+    import pytest
+
+    from omni_ray.errors import ConfigError
+    from omni_ray.placement.coordinator import pipeline_slots
+
+    other = expand(sweep_from_dict(PIPE))[1]
+    with pytest.raises(ConfigError, match=r"^f\.yaml: stages\[1\]\.node: no Ray node has a slot "
+                                          r"on NUMA node 1 \(nodes with slots: \[0\];.*got 1$"):
+        pipeline_slots("f.yaml", other, [_slot("a", 0)])
+    with pytest.raises(ConfigError, match=r"^f\.yaml: stages\[1\]\.node: NUMA nodes \[0, 1\] are "
+                                          r"on different Ray nodes; .* got 1$"):
+        pipeline_slots("f.yaml", other, [_slot("a", 0), _slot("b", 1)])

@@ -85,3 +85,12 @@ def test_axis_groups_drop_constant_keys_and_merge_keys_that_change_together(make
         "model=tiny,eager=false,warm=true,patch=aot": [{"decode_tok_s": 1.0}],
         "model=tiny,eager=true,warm=false,patch=none": [{"decode_tok_s": 1.0}]}))
     assert run.axis_groups() == [("eager", "warm"), ("patch",)]
+
+
+def test_a_pipeline_run_shows_its_last_stage_decode_and_end_to_end_time(make_run):
+    run = load_run(make_run("s", {"stages[1].node=1": [
+        {"last_stage_decode_tok_s": 40.0, "pipeline_e2e_s": 3.0,
+         "last_stage_first_token_s": 1.0, "pipeline_peak_rss_anon_mb": 900.0}]}))
+    assert [m.name for m in run.metrics()][:3] == [
+        "last_stage_decode_tok_s", "pipeline_e2e_s", "last_stage_first_token_s"]
+    assert run.arms[0].stats["pipeline_e2e_s"].median == 3.0
