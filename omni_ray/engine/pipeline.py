@@ -50,7 +50,7 @@ def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineR
         last = i == len(req.stages) - 1
         out.append(EngineRequest(
             stage=ps.stage, seed=req.seed, cpus=tuple(cpus[i]), node=req.node,
-            simulated=req.simulated,
+            simulated=req.simulated, live_stats=req.live_stats,
             workload=wl if i == 0 else dataclasses.replace(wl, prompt_len=wl.output_len),
             inputs_path=str(workdir / f"{name}.s{i}.in.json"),
             outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json")))

@@ -37,6 +37,9 @@ class EngineRequest:
     # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input).
     inputs_path: str | None = None
     outputs_path: str | None = None
+    # Read the engine's own stats live (vLLM's KV use, engines/vllm_stats.py) where they cost
+    # the measurement: a sweep under --monitor.
+    live_stats: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -82,7 +85,8 @@ class EngineRequest:
                    simulated=bool(d.get("simulated", False)), go_file=d.get("go_file"),
                    go_timeout_s=float(d.get("go_timeout_s", 600.0)),
                    stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
-                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"))
+                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
+                   live_stats=bool(d.get("live_stats", False)))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -97,4 +101,5 @@ class EngineRequest:
                 "simulated": self.simulated, "go_file": self.go_file,
                 "go_timeout_s": self.go_timeout_s,
                 "stages": [ps.to_dict() for ps in self.stages],
-                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path}
+                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
+                "live_stats": self.live_stats}

@@ -52,3 +52,18 @@ def test_one_replica_keeps_the_arm_id_it_had():
     (arm,) = expand(sweep)
     assert arm.id == arm_id("s", arm.stage, arm.workload, None)
     assert arm.id != arm_id("s", arm.stage, arm.workload, None, "per_node")
+
+
+def test_replicated_arm_passes_count_as_running_while_they_run():
+    class Recording:
+        def __init__(self):
+            self.values = []
+
+        def set(self, value, tags):
+            self.values.append((tags["sweep"], value))
+
+    coord = Coordinator(run_id="r", allow_busy=False, events=Events())
+    coord._arms_running = Recording()
+    with coord._running_replicated("rep"):
+        assert coord._arms_running.values == [("rep", 1)]
+    assert coord._arms_running.values[-1] == ("rep", 0)
