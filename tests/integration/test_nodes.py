@@ -27,11 +27,28 @@ def sim_cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("simcluster")
     cluster = local_cluster.up(2, state, slot_sizes=(1,))
     try:
+        assert _listening(cluster) and not [a for a in _listening(cluster)
+                                            if a != "127.0.0.1"]  # closed by default
         yield cluster
     finally:
         local_cluster.down(state)
         assert local_cluster.cluster_processes(cluster.temp_dir,
                                                int(cluster.address.rsplit(":", 1)[1])) == []
+
+
+def _listening(cluster) -> set[str]:
+    """The addresses the cluster's processes (GCS, raylets, agents) listen on."""
+    import psutil
+
+    port = int(cluster.address.rsplit(":", 1)[1])
+    out = set()
+    for proc in local_cluster.cluster_processes(cluster.temp_dir, port):
+        try:
+            out |= {c.laddr.ip for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+    return out
 
 
 def _sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
@@ -44,23 +61,28 @@ def _sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
     return path
 
 
-# The driver joins the simulated cluster; the engines run in its raylets.
-DRIVER = ("import json, sys, omni_ray\n"
-          "r = omni_ray.run_sweep(sys.argv[3:], address=sys.argv[1], out=sys.argv[2],"
+# The driver joins the simulated cluster (and says the node addresses Ray lists); the engines
+# run in its raylets.
+DRIVER = ("import json, sys, ray, omni_ray\n"
+          "ray.init(address=sys.argv[1], namespace='omni-ray', log_to_driver=False)\n"
+          "addresses = sorted({n['NodeManagerAddress'] for n in ray.nodes()})\n"
+          "r = omni_ray.run_sweep(sys.argv[3:], out=sys.argv[2],"
           " allow_busy=True, busy_wait_s=0)\n"
-          "print(json.dumps(r.records))")
+          "print(json.dumps({'records': r.records, 'addresses': addresses}))")
 
 
 def _run_sweeps(cluster, tmp_path: Path, sweeps: list[Path], timeout: float) -> list[dict]:
     """The records of one run of ``sweeps`` on ``cluster``, from a driver with its own cache
-    dir (its own host lock)."""
+    dir (its own host lock). The cluster is closed: Ray lists its nodes on 127.0.0.1 only."""
     env = {**os.environ, **cluster.env(), "OMNI_RAY_CACHE": str(tmp_path / "cache")}
     env.pop("RAY_AUTH_TOKEN", None)
     run = subprocess.run([sys.executable, "-c", DRIVER, cluster.address, str(tmp_path / "res"),
                           *map(str, sweeps)], capture_output=True, text=True, timeout=timeout,
                          env=env)
     assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["addresses"] == ["127.0.0.1"]
+    return out["records"]
 
 
 def _overlap(a: dict, b: dict) -> bool:
