@@ -36,7 +36,7 @@ from pathlib import Path
 
 from omni_ray import envs
 from omni_ray.errors import UserError
-from omni_ray.placement.cluster import LOOPBACK
+from omni_ray.placement.cluster import LOOPBACK, RAY_CLUSTER_ENV
 from omni_ray.topology import make_slots
 from omni_ray.topology.detection import detect_host, detect_simulated
 from omni_ray.topology.simulate import split_nodes, write_tree
@@ -110,9 +110,11 @@ class LocalCluster:
     raylets: tuple[dict, ...]  # label, sysfs_root, num_cpus, resources, numa_nodes
 
     def env(self) -> dict[str, str]:
-        """The variables a driver (``omni-ray sweep --address``) needs to join this cluster."""
+        """The variables a driver (``omni-ray sweep --address``, ``ray status``) needs to join
+        this cluster: its token, its address, and Ray told to keep that address on loopback
+        (``cluster.loopback_node``'s variable)."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path,
-                "RAY_ADDRESS": self.address}
+                "RAY_ADDRESS": self.address, RAY_CLUSTER_ENV: "0"}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

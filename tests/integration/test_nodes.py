@@ -4,6 +4,7 @@ two raylets, raylet k holding virtual NUMA node k; a 4-arm sweep runs on both at
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -27,8 +28,8 @@ def sim_cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("simcluster")
     cluster = local_cluster.up(2, state, slot_sizes=(1,))
     try:
-        assert _listening(cluster) and not [a for a in _listening(cluster)
-                                            if a != "127.0.0.1"]  # closed by default
+        listening = _listening(cluster)  # closed by default: loopback only
+        assert listening and all(_loopback(a) for a in listening), listening
         yield cluster
     finally:
         local_cluster.down(state)
@@ -49,6 +50,12 @@ def _listening(cluster) -> set[str]:
         except psutil.Error:
             pass
     return out
+
+
+def _loopback(address: str) -> bool:
+    """127.0.0.1, also as gcs_server and the raylet show it (IPv4-mapped IPv6)."""
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 def _sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:

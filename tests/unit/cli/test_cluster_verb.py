@@ -68,3 +68,13 @@ def test_ray_start_keeps_a_loopback_node_address(monkeypatch):
     local_cluster.keep_loopback()
     assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
     assert services.resolve_ip_for_localhost("localhost") == "192.0.2.7"  # only loopback kept
+
+
+def test_a_driver_of_the_cluster_keeps_its_loopback_address():
+    from omni_ray.placement import cluster
+
+    env = local_cluster.LocalCluster("/s", "127.0.0.1:6390", "", "/tmp/x", "/s/t", ()).env()
+    assert env[cluster.RAY_CLUSTER_ENV] == "0" and env["RAY_ADDRESS"] == "127.0.0.1:6390"
+    assert cluster.is_loopback_address("127.0.0.1:6390")
+    assert cluster.is_loopback_address("[::1]:6390")
+    assert not cluster.is_loopback_address("10.1.2.3:6390")

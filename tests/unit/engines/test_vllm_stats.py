@@ -16,10 +16,16 @@ class Clock:
         return self.t
 
 
-def test_a_line_a_window_with_the_kv_in_use_and_the_windows_token_rates():
+def _window(rates: bool, budget: int) -> tuple[LiveWindow, list, Clock]:
+    """A live window of 1 s on a clock the test moves, and the lines it says."""
     lines, clock = [], Clock()
-    live = LiveWindow(lambda **f: lines.append(f), rates=True, window_s=1.0, clock=clock)
-    live.budget = 4096
+    live = LiveWindow(lambda **f: lines.append(f), rates=rates, window_s=1.0, clock=clock)
+    live.budget = budget
+    return live, lines, clock
+
+
+def test_a_line_a_window_with_the_kv_in_use_and_the_windows_token_rates():
+    live, lines, clock = _window(True, 4096)
     clock.t += 0.4
     live.add(0.01, prompt_tokens=64, output_tokens=0)
     assert lines == []  # the window is not over
@@ -37,9 +43,7 @@ def test_a_line_a_window_with_the_kv_in_use_and_the_windows_token_rates():
 
 
 def test_offline_the_window_says_the_kv_only():
-    lines, clock = [], Clock()
-    live = LiveWindow(lambda **f: lines.append(f), rates=False, window_s=1.0, clock=clock)
-    live.budget = 1000
+    live, lines, clock = _window(False, 1000)
     clock.t += 2
     live.add(0.5, prompt_tokens=16, output_tokens=1)
     assert lines == [{"kv_tokens_budget": 1000, "kv_tokens_used": 500}]
@@ -47,9 +51,8 @@ def test_offline_the_window_says_the_kv_only():
 
 def test_one_stat_logger_keeps_the_peaks_and_feeds_the_live_window():
     pytest.importorskip("vllm")
-    lines, clock, seen = [], Clock(), new_seen()
-    live = LiveWindow(lambda **f: lines.append(f), rates=True, window_s=1.0, clock=clock)
-    live.budget = 100
+    live, lines, clock = _window(True, 100)
+    seen = new_seen()
     logger = stat_logger(seen, live)(vllm_config=None)
     sched = types.SimpleNamespace(kv_cache_usage=0.25, num_running_reqs=2, num_waiting_reqs=1)
     it = types.SimpleNamespace(num_prompt_tokens=8, num_generation_tokens=2)
