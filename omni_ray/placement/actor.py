@@ -68,7 +68,7 @@ class StageActor:
         }
         self._said: set[str] = set()  # the live figures the engine has said in this arm
         self._last_poll = 0.0
-        self._engine_pid: int | None = None
+        self._engine_pids: tuple[int, ...] = ()
         self._rss_now: float | None = None
         self._rss_peak = 0.0
         self._stat: dict | None = None
@@ -83,13 +83,14 @@ class StageActor:
                 "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind,
                 "topology": self.topology.to_dict()}
 
-    def _poll(self, pid: int) -> None:
-        self._engine_pid = pid
+    def _poll(self, *pids: int) -> None:
+        """Every launcher poll: the running engine processes (a pipeline's stages: several)."""
+        self._engine_pids = pids
         now = time.monotonic()
         if now - self._last_poll >= 1.0:
             self._last_poll = now
             self._tail()
-            self._rss_now = tree_rss(pid)[0]
+            self._rss_now = sum(tree_rss(pid)[0] for pid in pids)
             self._rss_peak = max(self._rss_peak, self._rss_now)
             self._rss.set(self._rss_now, tags=self.tags)
             self._peak.set(self._rss_peak, tags=self.tags)
@@ -137,7 +138,7 @@ class StageActor:
         for fig in ("decode_tok_s", "prefill_tok_s"):  # an engine that said no window
             if fig not in self._said and m.get(fig) is not None:  # (llama-bench): its end
                 self._live[fig].set(m[fig], tags=self.tags)
-        self._engine_pid = None
+        self._engine_pids = ()
         return result
 
     def go(self) -> None:
@@ -147,11 +148,11 @@ class StageActor:
             self._go_file.touch()
 
     def stop(self) -> None:
-        """Kill the running engine's process group (Ctrl-C of the sweep)."""
+        """Kill the running engines' process groups (Ctrl-C of the sweep)."""
         import signal
 
-        if self._engine_pid is not None:
+        for pid in self._engine_pids:
             try:
-                os.killpg(self._engine_pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

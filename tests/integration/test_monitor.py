@@ -92,7 +92,7 @@ def look(event):
 
 cfg = {"name": "watched", "model": "tiny", "passes": 1, "placement": {"slot_cores": 1},
        "stage": {"kv_cache_mib": 32, "max_model_len": 512},
-       "workload": {"prompt_len": 16, "output_len": 128, "warmup": 0, "repeats": 40}}
+       "workload": {"prompt_len": 16, "output_len": 128, "warmup": 0, "repeats": 80}}
 report = omni_ray.run_sweep(cfg, out=sys.argv[1], allow_busy=True, monitor=True,
                             monitor_port=int(sys.argv[2]), on_event=look)
 done.set()
