@@ -162,7 +162,7 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                                                   "prometheus", port=monitor_port))
             emit(events.Monitoring(prom.url, prom.graphs, prom.moved))
         coord = Coordinator(
-            run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s,
+            run_id=run_id, allow_busy=allow_busy, busy_wait_s=busy_wait_s, live_stats=monitor,
             events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
                           on_record=lambda task, record: emit(events.ArmDone(task, record)),
                           on_progress=lambda task, slot, phase, rss: emit(

@@ -14,11 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from omni_ray.engines import PHASE_MARK  # noqa: F401 - the phase lines _PHASE reads
+from omni_ray.engines import PHASE_MARK, PROGRESS_MARK  # noqa: F401 - what _PHASE, _PROGRESS read
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.results.store import write_json_atomic
@@ -62,6 +63,50 @@ def last_phase(text: str, default: str = "starting") -> str:
     """The last phase line of (a new piece of) an engine log, or ``default`` without one."""
     found = _PHASE.findall(text)
     return found[-1] if found else default
+
+
+# While it measures, an engine says the figures of its last window (PROGRESS_MARK, a JSON
+# object a line: engines.Session.progress); the stage actor sets its live gauges from them.
+_PROGRESS = re.compile(r"^omni-ray progress: (\{.*\})$", re.M)
+LIVE_FIGURES = ("decode_tok_s", "prefill_tok_s", "kv_tokens_used", "kv_tokens_budget")
+
+
+def live_figures(text: str) -> dict[str, float]:
+    """The latest value of each of ``LIVE_FIGURES`` in the progress lines of (a new piece of)
+    an engine log; a line that is not a JSON object is passed over."""
+    out: dict[str, float] = {}
+    for found in _PROGRESS.findall(text):
+        try:
+            figures = json.loads(found)
+        except ValueError:
+            continue
+        out |= {k: float(figures[k]) for k in LIVE_FIGURES
+                if isinstance(figures.get(k), (int, float))}
+    return out
+
+
+class EngineLog:
+    """An engine log read as it grows, by whole lines: the phase it is in and the live figures
+    of its newest progress lines. Safe to read from two threads (the actor's run and status)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.phase = path, 0, "starting"
+        self._lock = threading.Lock()
+
+    def read(self) -> dict[str, float]:
+        """The live figures said since the last read (``phase`` follows the log too)."""
+        with self._lock:
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(self.offset)
+                    new = f.read()
+            except FileNotFoundError:
+                return {}
+            new = new[:new.rfind(b"\n") + 1]  # a line being written waits for its end
+            self.offset += len(new)
+            text = new.decode(errors="replace")
+            self.phase = last_phase(text, self.phase)
+            return live_figures(text)
 
 
 def scan_log(text: str) -> dict:

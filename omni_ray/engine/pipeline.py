@@ -54,7 +54,7 @@ def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineR
         last = i == len(req.stages) - 1
         out.append(EngineRequest(
             stage=ps.stage, seed=req.seed, cpus=tuple(cpus), node=node,
-            simulated=req.simulated,
+            simulated=req.simulated, live_stats=req.live_stats,
             workload=wl if i == 0 else dataclasses.replace(wl, prompt_len=wl.output_len),
             inputs_path=str(workdir / f"{name}.s{i}.in.json"),
             outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json"),
@@ -64,7 +64,7 @@ def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineR
 
 
 def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: float,
-                    on_poll: Callable[[int], None] | None = None) -> dict:
+                    on_poll: Callable[..., None] | None = None) -> dict:
     """Run a pipeline arm; returns one result (per-stage figures under ``stages``). Never
     raises for a stage's failure: it becomes the arm's status and error, naming the stage."""
     from omni_ray.models.build import resolve_model
@@ -108,15 +108,15 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
             handover.write_tokens(reqs[0].inputs_path, prompts, final=True)
             started = True
         now = 0.0
-        for i, pid in list(pids.items()):  # the pipeline's RssAnon: every stage tree, one clock
-            if results[i] is None:
-                try:
-                    now += tree_rss(pid)[0]
-                except (ProcessLookupError, FileNotFoundError):
-                    pass
+        running = [pid for i, pid in list(pids.items()) if results[i] is None]
+        for pid in running:  # the pipeline's RssAnon: every stage tree, one clock
+            try:
+                now += tree_rss(pid)[0]
+            except (ProcessLookupError, FileNotFoundError):
+                pass
         total_peak = max(total_peak, now)
-        if on_poll is not None and pids:
-            on_poll(next(iter(pids.values())))
+        if on_poll is not None and running:
+            on_poll(*running)  # the stage actor's slot gauges: every stage
         time.sleep(0.1)
     return summarise(reqs, [r or {"status": "failed", "error": "no result"} for r in results],
                      total_peak) | {"wall_s": time.monotonic() - t0}

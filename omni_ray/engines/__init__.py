@@ -23,8 +23,9 @@ a sweep starts, with a progress line, so no arm's timeout pays for it.
 from __future__ import annotations
 
 import importlib
-import sys
+import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,6 +33,9 @@ from omni_ray.config.schema import ENGINES, StageConfig
 from omni_ray.engines.request import EngineRequest
 
 PHASE_MARK = "omni-ray phase: "  # the actor's status() reads these lines from the engine log
+# Figures of the last window while an engine measures, one JSON object a line (``Session.
+# progress``): the stage actor sets its live gauges from them (engine/launch.live_figures).
+PROGRESS_MARK = "omni-ray progress: "
 
 
 class Session:
@@ -46,6 +50,25 @@ class Session:
 
     def phase(self, name: str) -> None:
         print(f"{PHASE_MARK}{name}", flush=True)
+
+    def progress(self, **figures: float | int) -> None:
+        """A progress line: the last window's figures (``window_rates``' names, the KV tokens
+        in use and the budget), with the tokens and seconds they come from."""
+        print(f"{PROGRESS_MARK}{json.dumps(figures)}", flush=True)
+
+
+def window_rates(*, batch: int, prompt_len: int, output_len: int, t_one: float,
+                 t_n: float) -> dict:
+    """One measured window of an in-process engine, a 1-token run then an ``output_len``-token
+    run: the prefill and decode rates with the tokens and seconds they come from, by the same
+    rule as the arm's figures (``engines.vllm.timing_figures``). No decode figure when the
+    N-token run was not the slower."""
+    out = {"prefill_tokens": batch * prompt_len, "prefill_s": t_one,
+           "prefill_tok_s": batch * prompt_len / t_one}
+    if output_len > 1 and t_n > t_one:
+        tokens, seconds = batch * (output_len - 1), t_n - t_one
+        out |= {"decode_tokens": tokens, "decode_s": seconds, "decode_tok_s": tokens / seconds}
+    return out
 
 
 class Engine(Protocol):

@@ -43,6 +43,9 @@ class EngineRequest:
     outputs_path: str | None = None
     window: int | None = None
     out_window: int | None = None
+    # Read the engine's own stats live (vLLM's KV use, engines/vllm_stats.py) where they cost
+    # the measurement: a sweep under --monitor.
+    live_stats: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -92,7 +95,8 @@ class EngineRequest:
                    stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
                    node_cpus=d.get("node_cpus", ()),
                    inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
-                   window=d.get("window"), out_window=d.get("out_window"))
+                   window=d.get("window"), out_window=d.get("out_window"),
+                   live_stats=bool(d.get("live_stats", False)))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -109,4 +113,5 @@ class EngineRequest:
                 "stages": [ps.to_dict() for ps in self.stages],
                 "node_cpus": [[n, list(cpus)] for n, cpus in self.node_cpus],
                 "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
-                "window": self.window, "out_window": self.out_window}
+                "window": self.window, "out_window": self.out_window,
+                "live_stats": self.live_stats}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from omni_ray.engines import Session, common_env, slot_threads
+from omni_ray.engines import Session, common_env, slot_threads, window_rates
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.workload.prompts import token_prompts
@@ -98,6 +98,8 @@ class TransformersEngine:
             t, tokens = self._generate(prompts(), wl.output_len, wl.detokenize)
             t_n.append(t)
             first = first or tokens
+            session.progress(**window_rates(batch=wl.batch, prompt_len=wl.prompt_len,
+                                            output_len=wl.output_len, t_one=t_one[-1], t_n=t))
         out |= timing_figures(t_one, t_n, batch=wl.batch, prompt_len=wl.prompt_len,
                               output_len=wl.output_len) | {"output_token_ids": first}
         if out.get("decode_tok_s") is not None:

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omni_ray.engine.budget import MiB, kv_bytes_per_token
-from omni_ray.engines import Session, common_env, handover
+from omni_ray.engines import Session, common_env, handover, window_rates
 from omni_ray.engines.request import EngineRequest
+from omni_ray.engines.vllm_stats import LiveWindow, watch_offline
 from omni_ray.measure.clock import Stopwatch
 from omni_ray.topology.sysfs import format_cpulist
 from omni_ray.workload.prompts import decode_seconds_per_token, token_prompts
@@ -135,9 +136,10 @@ def timed_generate(llm, prompts: list[list[int]], params) -> tuple[float, list]:
     return sw.elapsed, outs
 
 
-def run_workload(llm, wl, vocab_size: int, sampler, seed: int) -> dict:
+def run_workload(llm, wl, vocab_size: int, sampler, seed: int, progress=None) -> dict:
     """``wl``: a ``WorkloadConfig``. Prefill of a ``prompt_len`` prompt is the one-token run;
-    decode per step is (N-token run - 1-token run) / (N - 1)."""
+    decode per step is (N-token run - 1-token run) / (N - 1). ``progress`` (``Session.
+    progress``) gets each repeat's window as it is measured."""
     from vllm import SamplingParams
 
     batch, plen, n = wl.batch, wl.prompt_len, wl.output_len
@@ -164,6 +166,9 @@ def run_workload(llm, wl, vocab_size: int, sampler, seed: int) -> dict:
         t, outs = timed_generate(llm, prompts(), many)
         t_n.append(t)
         first_tokens = first_tokens or list(outs[0].outputs[0].token_ids)
+        if progress is not None:
+            progress(**window_rates(batch=batch, prompt_len=plen, output_len=n,
+                                    t_one=t_one[-1], t_n=t))
     return timing_figures(t_one, t_n, batch=batch, prompt_len=plen, output_len=n) | {
         "output_token_ids": first_tokens} | out
 
@@ -196,7 +201,7 @@ def stream_generate(llm, prompts: list[list[int]], params,
 _STREAMS = itertools.count()
 
 
-def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
+def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase, progress) -> dict:
     """One pipeline stage (the edge rule: ``engines/handover.py``): warm up on random prompts
     of its input length, report "waiting", then for each chunk of its input (one without a
     ``window``) generate its share of ``output_len`` greedy tokens on the chunks and outputs so
@@ -249,6 +254,8 @@ def run_pipeline_stage(llm, req: EngineRequest, vocab_size: int, phase) -> dict:
     outbox(out, final=True)
     t_one, _ = timed_generate(llm, fresh(), one)
     t_n, _ = timed_generate(llm, fresh(), many)
+    progress(**window_rates(batch=len(out), prompt_len=wl.prompt_len,
+                            output_len=wl.output_len, t_one=t_one, t_n=t_n))
     return timing_figures([t_one], [t_n], batch=len(out), prompt_len=wl.prompt_len,
                           output_len=wl.output_len) | {
         "generate_s": busy, "busy_fraction": busy / (output_at - chunk_at[0]),
@@ -290,7 +297,8 @@ def decode_regime(model_path: str, cpus, weight_bytes: int | None = ...) -> dict
 
 
 def kv_cache_tokens(llm) -> int:
-    cache = llm.llm_engine.vllm_config.cache_config
+    """The KV tokens vLLM allocated, of a ``vllm.LLM`` or an ``AsyncLLM``."""
+    cache = getattr(llm, "llm_engine", llm).vllm_config.cache_config
     return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
 
 
@@ -316,6 +324,10 @@ class VllmEngine:
         self._omni = vllm_omni
         session.sampler.mark("load_start")
         session.phase("loading")
+        # vLLM's stats, read live: always when serving (its KV peaks need them), offline
+        # when asked (they cost each decode step a little; vllm_stats)
+        live = LiveWindow(session.progress, rates=self._serving(req))
+        kwargs = engine_kwargs(req, session.model_path)
         with Stopwatch() as init:
             if self._serving(req):  # AsyncLLM on this process's event loop (vllm_serving)
                 import asyncio
@@ -323,16 +335,18 @@ class VllmEngine:
                 from omni_ray.engines.vllm_serving import make_engine
 
                 self._loop = asyncio.new_event_loop()
-                self.llm, self._stats = make_engine(
-                    engine_kwargs(req, session.model_path), self._loop)
-                cache = self.llm.vllm_config.cache_config
-                self._kv_tokens = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+                self.llm, self._stats = make_engine(kwargs, self._loop, live)
+            elif req.live_stats:
+                self.llm = LLM(**kwargs | {"disable_log_stats": False})
+                watch_offline(self.llm, live)
             else:
-                self.llm = LLM(**engine_kwargs(req, session.model_path))
-                self._kv_tokens = kv_cache_tokens(self.llm)
+                self.llm = LLM(**kwargs)
+        self._kv_tokens = live.budget = kv_cache_tokens(self.llm)
+        session.progress(kv_tokens_budget=self._kv_tokens)
         kv_mib = int(req.stage.kv_cache_mib)
         return dict(
             import_s=imp.elapsed, init_s=init.elapsed,
+            vllm_stat_logging=self._serving(req) or req.live_stats,
             kv_cache_tokens=self._kv_tokens,
             kv_cache_bytes_requested=kv_mib * MiB,
             kv_cache_tokens_budget=kv_mib * MiB // kv_bytes_per_token(session.model_path,
@@ -351,8 +365,9 @@ class VllmEngine:
                          session.sampler, session.phase, self._kv_tokens)
         vocab = self.llm.llm_engine.vllm_config.model_config.get_vocab_size()
         if req.inputs_path is not None:  # one stage of a pipeline (engine/pipeline.py)
-            return run_pipeline_stage(self.llm, req, vocab, session.phase)
-        m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed)
+            return run_pipeline_stage(self.llm, req, vocab, session.phase, session.progress)
+        m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed,
+                         session.progress)
         if m.get("decode_tok_s") is not None:
             m.update(decode_regime(session.model_path, req.cpus))
         return m

@@ -18,42 +18,24 @@ import time
 from typing import Any
 
 from omni_ray.engines.request import EngineRequest
+from omni_ray.engines.vllm_stats import LiveWindow, new_seen, stat_logger
 from omni_ray.workload import serving as sv
 from omni_ray.workload.prompts import token_prompts
 
 
-def make_engine(kwargs: dict, loop: asyncio.AbstractEventLoop) -> tuple[Any, dict]:
+def make_engine(kwargs: dict, loop: asyncio.AbstractEventLoop,
+                live: LiveWindow | None = None) -> tuple[Any, dict]:
     """An ``AsyncLLM`` built from ``vllm.LLM``'s keyword arguments, and the dict its stat
-    logger fills with vLLM's own scheduler figures (KV cache use, running, waiting)."""
+    logger (``vllm_stats``) fills with vLLM's own scheduler figures (peaks of KV cache use,
+    running, waiting); ``live`` gets every step's figures too."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.loggers import StatLoggerBase
 
-    seen: dict = {"kv_cache_usage": 0.0, "running": 0, "waiting": 0, "records": 0}
-
-    class PeakStats(StatLoggerBase):
-        """Keeps the peaks of vLLM's SchedulerStats (reset per load point)."""
-
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(self, scheduler_stats: Any, iteration_stats: Any,
-                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
-            if scheduler_stats is None:
-                return
-            seen["records"] += 1
-            seen["kv_cache_usage"] = max(seen["kv_cache_usage"],
-                                         float(scheduler_stats.kv_cache_usage))
-            seen["running"] = max(seen["running"], int(scheduler_stats.num_running_reqs))
-            seen["waiting"] = max(seen["waiting"], int(scheduler_stats.num_waiting_reqs))
-
-        def log_engine_initialized(self) -> None:
-            pass
-
+    seen = new_seen()
     args = AsyncEngineArgs(**kwargs, disable_log_stats=True)  # our logger only
 
     async def build() -> Any:
-        return AsyncLLM.from_engine_args(args, stat_loggers=[PeakStats])
+        return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger(seen, live)])
 
     return loop.run_until_complete(build()), seen
 

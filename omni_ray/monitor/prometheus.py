@@ -31,6 +31,8 @@ SCRAPE_S = 2  # the engine's RSS gauge moves every second; a 2 s scrape keeps it
 # coordinator's counter
 METRICS = {"omni_stage_rss_anon_mb": "gauge", "omni_stage_rss_peak_mb": "gauge",
            "omni_stage_busy_fraction": "gauge", "omni_stage_decode_tok_s": "gauge",
+           "omni_stage_prefill_tok_s": "gauge", "omni_stage_kv_tokens_used": "gauge",
+           "omni_stage_kv_tokens_budget": "gauge",
            "omni_sweep_arms_done": "counter", "omni_sweep_arms_running": "gauge"}
 INSTALL_HINT = ("--monitor: prometheus is not installed; install Debian's package: "
                 "apt-get install prometheus (nothing is downloaded at run time)")

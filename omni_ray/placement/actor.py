@@ -16,7 +16,7 @@ from pathlib import Path
 
 import ray
 
-from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engine.launch import EngineLog, launch_arm
 from omni_ray.engine.pipeline import launch_pipeline
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
@@ -55,15 +55,24 @@ class StageActor:
                            "highest RssAnon of the engine tree so far in this arm (MiB)")
         self._busy = gauge("omni_stage_busy_fraction",
                            "busy fraction of the slot's CPUs since the last reading (0..1)")
-        self._tok_s = gauge("omni_stage_decode_tok_s", "decode tokens/s of the last arm")
+        # the engine's progress lines (engine/launch.live_figures), by figure
+        self._live = {
+            "decode_tok_s": gauge("omni_stage_decode_tok_s",
+                                  "decode (serving: output) tokens/s of the last window"),
+            "prefill_tok_s": gauge("omni_stage_prefill_tok_s",
+                                   "prefill (serving: prompt) tokens/s of the last window"),
+            "kv_tokens_used": gauge("omni_stage_kv_tokens_used",
+                                    "KV cache tokens in use (vLLM's own stats)"),
+            "kv_tokens_budget": gauge("omni_stage_kv_tokens_budget",
+                                      "KV cache tokens the engine allocated"),
+        }
+        self._said: set[str] = set()  # the live figures the engine has said in this arm
         self._last_poll = 0.0
-        self._engine_pid: int | None = None
+        self._engine_pids: tuple[int, ...] = ()
         self._rss_now: float | None = None
         self._rss_peak = 0.0
         self._stat: dict | None = None
-        self._phase = "starting"
-        self._log: Path | None = None
-        self._log_offset = 0
+        self._log: EngineLog | None = None
         self._go_file: Path | None = None
 
     def where(self) -> dict:
@@ -74,12 +83,14 @@ class StageActor:
                 "actor_pid": os.getpid(), "slot": self.slot.to_dict(), "membind": self.membind,
                 "topology": self.topology.to_dict()}
 
-    def _poll(self, pid: int) -> None:
-        self._engine_pid = pid
+    def _poll(self, *pids: int) -> None:
+        """Every launcher poll: the running engine processes (a pipeline's stages: several)."""
+        self._engine_pids = pids
         now = time.monotonic()
         if now - self._last_poll >= 1.0:
             self._last_poll = now
-            self._rss_now = tree_rss(pid)[0]
+            self._tail()
+            self._rss_now = sum(tree_rss(pid)[0] for pid in pids)
             self._rss_peak = max(self._rss_peak, self._rss_now)
             self._rss.set(self._rss_now, tags=self.tags)
             self._peak.set(self._rss_peak, tags=self.tags)
@@ -89,15 +100,19 @@ class StageActor:
                 self._busy.set(sum(busy.values()) / len(busy), tags=self.tags)
             self._stat = stat
 
+    def _tail(self) -> None:
+        """The engine log's new lines: its phase, and its progress lines' figures into the
+        live gauges (called by the run's poll and by status())."""
+        if self._log is None:
+            return
+        for fig, value in self._log.read().items():
+            self._live[fig].set(value, tags=self.tags)
+            self._said.add(fig)
+
     def status(self) -> dict:
         """The running arm's phase (from the runner's phase lines in its log) and RSS now."""
-        if self._log is not None and self._log.exists():
-            with open(self._log, "rb") as f:
-                f.seek(self._log_offset)
-                new = f.read()
-            self._log_offset += len(new)
-            self._phase = last_phase(new.decode(errors="replace"), self._phase)
-        return {"phase": self._phase, "rss_mb": self._rss_now}
+        self._tail()
+        return {"phase": self._log.phase if self._log else "starting", "rss_mb": self._rss_now}
 
     def preflight(self, window_s: float = 0.5) -> dict:
         return check_idle(self.slot.cpus, window_s, max_avg=SLOT_MAX_AVG).to_dict()
@@ -110,18 +125,20 @@ class StageActor:
             self._go_file = Path(workdir) / f"{name}.go"
             req = dataclasses.replace(req, go_file=str(self._go_file), go_timeout_s=timeout_s)
         log = f"{name}.s{len(req.stages) - 1}.log" if req.stages else f"{name}.log"  # last stage
-        self._log, self._log_offset, self._phase = Path(workdir) / log, 0, "starting"
-        self._rss_peak, self._stat = 0.0, None
+        self._log = EngineLog(Path(workdir) / log)
+        self._rss_peak, self._stat, self._said = 0.0, None, set()
         if req.stages:  # a pipeline: one engine per stage, on its share of this slot's CPUs
             result = launch_pipeline(req, Path(workdir), name, timeout_s=timeout_s,
                                      on_poll=self._poll)
         else:
             result = launch_arm(req, Path(workdir), name, timeout_s=timeout_s,
                                 warm_start=warm_start, on_poll=self._poll)
-        tok_s = result.get("measurements", {}).get("decode_tok_s")
-        if tok_s is not None:
-            self._tok_s.set(tok_s, tags=self.tags)
-        self._engine_pid = None
+        self._tail()  # the last window's lines
+        m = result.get("measurements") or {}
+        for fig in ("decode_tok_s", "prefill_tok_s"):  # an engine that said no window
+            if fig not in self._said and m.get(fig) is not None:  # (llama-bench): its end
+                self._live[fig].set(m[fig], tags=self.tags)
+        self._engine_pids = ()
         return result
 
     def go(self) -> None:
@@ -131,11 +148,11 @@ class StageActor:
             self._go_file.touch()
 
     def stop(self) -> None:
-        """Kill the running engine's process group (Ctrl-C of the sweep)."""
+        """Kill the running engines' process groups (Ctrl-C of the sweep)."""
         import signal
 
-        if self._engine_pid is not None:
+        for pid in self._engine_pids:
             try:
-                os.killpg(self._engine_pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

@@ -29,7 +29,7 @@ LOOPBACK = "127.0.0.1"
 # Ray 2.60 turns a node address of 127.0.0.1 into this host's routable address
 # (services.resolve_ip_for_localhost) unless multi-node clusters are off, which Ray reads from
 # this variable into ray_constants.ENABLE_RAY_CLUSTER when it is imported.
-_RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def resource_name(slot_cores: int | None, slot_name: str) -> str:
@@ -43,6 +43,12 @@ def ray_resources(slot_sizes) -> dict[str, float]:
             for size in slot_sizes for s in make_slots(topo, size)}
 
 
+def is_loopback_address(address: str) -> bool:
+    """Whether ``HOST:PORT`` names this host's loopback (Ray would turn it into the host's
+    routable address, where a closed cluster does not listen)."""
+    return address.rsplit(":", 1)[0].strip("[]") in (LOOPBACK, "localhost", "::1")
+
+
 @contextlib.contextmanager
 def loopback_node() -> Iterator[None]:
     """While a local Ray starts: keep its node address 127.0.0.1 instead of this host's.
@@ -53,24 +59,25 @@ def loopback_node() -> Iterator[None]:
     workers inherit it), the variable it comes from. Why: with a loopback node address every
     Ray server binds 127.0.0.1; with the routable one they bind all interfaces. Both are
     restored for this process once Ray is up (the node address is then Ray's own record).
-    When it can go: when ``ray.init(_node_ip_address="127.0.0.1")`` keeps loopback by itself.
+    A driver joining a cluster on 127.0.0.1 needs it too: Ray resolves a loopback ``address``
+    the same way. When it can go: when ``ray.init(_node_ip_address="127.0.0.1")`` keeps loopback by itself.
     """
     from ray._private import ray_constants
 
     if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
         raise RuntimeError("omni-ray: ray._private.ray_constants.ENABLE_RAY_CLUSTER is gone; "
                            "cannot keep the local Ray on loopback (placement/cluster.py)")
-    saved_const, saved_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_RAY_CLUSTER_ENV)
+    saved_const, saved_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(RAY_CLUSTER_ENV)
     ray_constants.ENABLE_RAY_CLUSTER = False
-    os.environ[_RAY_CLUSTER_ENV] = "0"
+    os.environ[RAY_CLUSTER_ENV] = "0"
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_const
         if saved_env is None:
-            os.environ.pop(_RAY_CLUSTER_ENV, None)
+            os.environ.pop(RAY_CLUSTER_ENV, None)
         else:
-            os.environ[_RAY_CLUSTER_ENV] = saved_env
+            os.environ[RAY_CLUSTER_ENV] = saved_env
 
 
 def connect(address: str | None, slot_sizes, listen: str | None = None):
@@ -86,7 +93,11 @@ def connect(address: str | None, slot_sizes, listen: str | None = None):
     # on a cluster, omni-ray must be installed on every node.
     try:
         if address:
-            return ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+            joined = dict(address=address, namespace=NAMESPACE, log_to_driver=False)
+            if not is_loopback_address(address):
+                return ray.init(**joined)
+            with loopback_node():  # a cluster closed on 127.0.0.1 (cluster up --simulate)
+                return ray.init(**joined)
         local = dict(num_cpus=os.cpu_count(), resources=ray_resources(slot_sizes),
                      namespace=NAMESPACE, include_dashboard=True, dashboard_host=LOOPBACK,
                      log_to_driver=False)

@@ -13,6 +13,7 @@ goes on on the nodes left. With none left it ends with that error; ``resume`` ru
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -135,8 +136,8 @@ def resolve_models(arms: Sequence[Arm]) -> None:
         resolve_model(model)
 
 
-def engine_request(arm: Arm, seed: int) -> EngineRequest:
-    return EngineRequest.for_arm(arm, seed)
+def engine_request(arm: Arm, seed: int, live_stats: bool = False) -> EngineRequest:
+    return dataclasses.replace(EngineRequest.for_arm(arm, seed), live_stats=live_stats)
 
 
 def died_result(log_dir: Path, name: str, error: str) -> dict:
@@ -178,10 +179,11 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
 
 class Coordinator:
     def __init__(self, *, run_id: str, allow_busy: bool, events: Events,
-                 busy_wait_s: float = BUSY_WAIT_S) -> None:
+                 busy_wait_s: float = BUSY_WAIT_S, live_stats: bool = False) -> None:
         from ray.util.metrics import Counter, Gauge
 
         self.run_id, self.allow_busy, self.events = run_id, allow_busy, events
+        self.live_stats = live_stats  # engines read their own stats live (--monitor)
         self._arms_done = Counter("omni_sweep_arms_done", "arm passes finished, by status",
                                   tag_keys=("sweep", "status"))
         self._arms_running = Gauge("omni_sweep_arms_running", "arm passes running now",
@@ -189,6 +191,7 @@ class Coordinator:
 
         self.busy_wait_s = busy_wait_s
         self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
+        self._replicated: collections.Counter = collections.Counter()  # sweep -> arm passes
         self.records: list[dict] = []
         self.refused: str | None = None
         self._asked: dict = {}  # status ObjectRef -> (run ObjectRef, slot name)
@@ -238,14 +241,26 @@ class Coordinator:
             return
         where = ray.get(actor.where.remote())
         self._emit(self.events.on_dispatch, task, slot_name)
-        ref = actor.run.remote(engine_request(task.arm, task.pass_no), str(task.out_dir / "logs"),
-                               task.name, task.arm.timeout_s, task.arm.stage.warm_start)
+        ref = actor.run.remote(engine_request(task.arm, task.pass_no, self.live_stats),
+                               str(task.out_dir / "logs"), task.name, task.arm.timeout_s,
+                               task.arm.stage.warm_start)
         self.running[ref] = (task, slot_res, actor, t0, where, pf)
         self._count_running(task.sweep.name)
 
     def _count_running(self, sweep: str) -> None:
-        self._arms_running.set(sum(t.sweep.name == sweep for t, *_ in self.running.values()),
-                               tags={"sweep": sweep})
+        running = sum(t.sweep.name == sweep for t, *_ in self.running.values())
+        self._arms_running.set(running + self._replicated[sweep], tags={"sweep": sweep})
+
+    @contextlib.contextmanager
+    def _running_replicated(self, sweep: str):
+        """An arm pass whose replicas run outside ``self.running`` counts as running too."""
+        self._replicated[sweep] += 1
+        self._count_running(sweep)
+        try:
+            yield
+        finally:
+            self._replicated[sweep] -= 1
+            self._count_running(sweep)
 
     def _progress(self) -> None:
         """Pass on the answers to the last status question; ask the running actors again
@@ -404,13 +419,14 @@ class Coordinator:
             if held is None:
                 return
             actors, wheres, pf = held
-            req = engine_request(task.arm, task.pass_no)
-            refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
-                                 task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
-                    for i, a in enumerate(actors)]
-            self._release_together(actors, refs, task.arm.timeout_s)
-            results = [self._result_of(task, f"{task.name}.r{i}", slot, ref)
-                       for i, (slot, ref) in enumerate(zip(slots, refs))]
+            req = engine_request(task.arm, task.pass_no, self.live_stats)
+            with self._running_replicated(task.sweep.name):
+                refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
+                                     task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
+                        for i, a in enumerate(actors)]
+                self._release_together(actors, refs, task.arm.timeout_s)
+                results = [self._result_of(task, f"{task.name}.r{i}", slot, ref)
+                           for i, (slot, ref) in enumerate(zip(slots, refs))]
             label = "+".join(s.label for s in slots)
             record = make_arm_record(task, self.run_id, aggregate(results),
                                      slot={"label": label, "replicas": wheres}, t_dispatch=t0,
@@ -431,10 +447,11 @@ class Coordinator:
                 return
             actors, wheres, pf = held
             req = dataclasses.replace(
-                engine_request(task.arm, task.pass_no),
+                engine_request(task.arm, task.pass_no, self.live_stats),
                 node_cpus=tuple((w["numa_node"], tuple(w["slot"]["cpus"])) for w in wheres[1:]))
-            result = self._result_of(task, task.name, slots[0], actors[0].run.remote(
-                req, str(task.out_dir / "logs"), task.name, task.arm.timeout_s, False))
+            with self._running_replicated(task.sweep.name):
+                result = self._result_of(task, task.name, slots[0], actors[0].run.remote(
+                    req, str(task.out_dir / "logs"), task.name, task.arm.timeout_s, False))
             label = "+".join(s.label for s in slots)
             self._write(task, make_arm_record(
                 task, self.run_id, result, slot={"label": label, **wheres[0], "slots": wheres},

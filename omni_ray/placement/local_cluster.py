@@ -8,10 +8,11 @@ slots and ``num_cpus`` and carries the label ``omni.raylet=sim<k>``. On a 2-CPU 
 ``up(2)`` gives two Ray nodes: one with virtual node 0 = CPU 0, one with virtual node 1 = CPU 1.
 
 It is a simulation and says so: the records' topology has ``source: simulated`` and memory
-binding to a node the kernel lacks is recorded "not bound (node N is simulated)". The raylets
-share the host, so the node address is this host's (as ``ray start`` makes it): Ray then
-listens on every interface; use it on a trusted machine. Token auth is on, with a token of its
-own (never the user's ``~/.ray/auth_token``), in the state directory.
+binding to a node the kernel lacks is recorded "not bound (node N is simulated)". It is closed
+like the local Ray of a sweep (``placement/cluster.py``): every raylet's node address is
+127.0.0.1 (``ray start --node-ip-address``, kept as given by ``keep_loopback``), so the GCS, the
+raylets, the workers and the dashboard and metrics agents listen on loopback only. Token auth is
+on, with a token of its own (never the user's ``~/.ray/auth_token``), in the state directory.
 
 ``down`` stops exactly the processes of that cluster (those naming its temp dir or its GCS
 address, and their children), never another Ray on the host (``ray stop`` would stop them all).
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from omni_ray import envs
 from omni_ray.errors import UserError
+from omni_ray.placement.cluster import LOOPBACK, RAY_CLUSTER_ENV
 from omni_ray.topology import make_slots
 from omni_ray.topology.detection import detect_host, detect_simulated
 from omni_ray.topology.simulate import split_nodes, write_tree
@@ -51,14 +53,50 @@ def default_dir() -> Path:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
-def ray_cli() -> str:
-    """The ``ray`` script of this interpreter's environment."""
-    path = Path(sys.executable).with_name("ray")
-    return str(path) if path.exists() else "ray"
+def ray_start_cli() -> list[str]:
+    """``ray start`` of this interpreter's Ray, with its node address kept on loopback (this
+    module's ``main``)."""
+    return [sys.executable, "-m", "omni_ray.placement.local_cluster", "start"]
+
+
+def keep_loopback() -> None:
+    """In a ``ray start`` process: keep a node address of 127.0.0.1 as given.
+
+    What it patches: ``ray._private.services.resolve_ip_for_localhost``, which ``ray start``
+    calls on ``--node-ip-address`` and which turns 127.0.0.1 into this host's routable address.
+    Why: with a loopback node address Ray binds its servers on 127.0.0.1, with the routable one
+    on every interface; the variable the local Ray uses instead (``cluster.loopback_node``) also
+    makes ``ray start --address`` refuse to add a node. When it can go: when ``ray start
+    --node-ip-address=127.0.0.1`` keeps loopback by itself.
+    """
+    from ray._private import services
+
+    resolve = getattr(services, "resolve_ip_for_localhost", None)
+    if resolve is None:
+        raise RuntimeError("omni-ray: ray._private.services.resolve_ip_for_localhost is gone; "
+                           "cannot keep the cluster on loopback (placement/local_cluster.py)")
+    services.resolve_ip_for_localhost = lambda host: host if host == LOOPBACK else resolve(host)
+
+
+def raylet_command(label: str, num_cpus: int, resources: dict[str, int], temp_dir: str,
+                   gcs: str, head_ports: tuple[int, int, int] | None = None) -> list[str]:
+    """The ``ray start`` of one raylet on 127.0.0.1: the head (with ``head_ports``: the GCS,
+    dashboard and Ray client ports) or a node joining ``gcs``. Every port is a free one."""
+    cmd = [*ray_start_cli(), f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
+           f"--resources={json.dumps(resources)}", "--labels", f"{LABEL}={label}",
+           f"--dashboard-agent-listen-port={free_port()}",
+           f"--metrics-export-port={free_port()}", f"--temp-dir={temp_dir}",
+           "--disable-usage-stats"]
+    if head_ports is None:
+        return cmd + [f"--address={gcs}"]
+    port, dash, client = head_ports
+    return cmd + ["--head", f"--port={port}", "--include-dashboard=true",
+                  f"--dashboard-host={LOOPBACK}", f"--dashboard-port={dash}",
+                  f"--ray-client-server-port={client}"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +111,11 @@ class LocalCluster:
     raylets: tuple[dict, ...]  # label, sysfs_root, num_cpus, resources, numa_nodes
 
     def env(self) -> dict[str, str]:
-        """The variables a driver (``omni-ray sweep --address``) needs to join this cluster."""
+        """The variables a driver (``omni-ray sweep --address``, ``ray status``) needs to join
+        this cluster: its token, its address, and Ray told to keep that address on loopback
+        (``cluster.loopback_node``'s variable)."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path,
-                "RAY_ADDRESS": self.address}
+                "RAY_ADDRESS": self.address, RAY_CLUSTER_ENV: "0"}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,8 +165,8 @@ def up(count: int, state_dir: str | os.PathLike | None = None,
     # Ray's socket paths must fit 107 bytes: a short temp dir under /tmp
     temp_dir = tempfile.mkdtemp(prefix="omsim-", dir="/tmp")
     port, dash = free_port(), free_port()
-    cluster = LocalCluster(str(state), f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir,
-                           str(token), ())
+    cluster = LocalCluster(str(state), f"{LOOPBACK}:{port}", f"http://{LOOPBACK}:{dash}",
+                           temp_dir, str(token), ())
     base_env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
     base_env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     raylets = []
@@ -136,17 +176,9 @@ def up(count: int, state_dir: str | os.PathLike | None = None,
             topology = detect_simulated(root)
             resources = _resources(topology, slot_sizes)
             label = f"sim{node.id}"
-            cmd = [ray_cli(), "start", f"--num-cpus={len(node.cpus)}",
-                   f"--resources={json.dumps(resources)}", "--labels", f"{LABEL}={label}",
-                   f"--dashboard-agent-listen-port={free_port()}",
-                   f"--metrics-export-port={free_port()}", f"--temp-dir={temp_dir}",
-                   "--disable-usage-stats"]
-            if node.id == nodes[0].id:
-                cmd += ["--head", f"--port={port}", "--include-dashboard=true",
-                        "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                        f"--ray-client-server-port={free_port()}"]
-            else:
-                cmd += [f"--address={cluster.address}"]
+            head = (port, dash, free_port()) if node.id == nodes[0].id else None
+            cmd = raylet_command(label, len(node.cpus), resources, temp_dir, cluster.address,
+                                 head)
             env = base_env | {envs.OMNI_RAY_SYSFS_ROOT: str(root)}
             _start(cmd, env, f"raylet {label}")
             raylets.append({"label": label, "sysfs_root": str(root), "num_cpus": len(node.cpus),
@@ -238,3 +270,17 @@ def down(state_dir: str | os.PathLike | None = None) -> int:
     (state / STATE_FILE).unlink(missing_ok=True)
     (state / "env").unlink(missing_ok=True)
     return stopped
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m omni_ray.placement.local_cluster start ARGS``: ``ray start ARGS`` with its
+    node address kept on loopback."""
+    from ray.scripts.scripts import main as ray_main
+
+    keep_loopback()
+    sys.argv = ["ray", *(sys.argv[1:] if argv is None else argv)]
+    ray_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -70,11 +71,36 @@ def simulated_cluster(state: Path):
         pytest.skip(f"two simulated sockets need 2 cores, this machine gives {cores}")
     cluster = local_cluster.up(2, state, slot_sizes=(1,))
     try:
+        listening = _listening(cluster)  # closed by default: loopback only
+        assert listening and all(_loopback(a) for a in listening), listening
         yield cluster
     finally:
         local_cluster.down(state)
         assert local_cluster.cluster_processes(cluster.temp_dir,
                                                int(cluster.address.rsplit(":", 1)[1])) == []
+
+
+def _listening(cluster) -> set[str]:
+    """The addresses the cluster's processes (GCS, raylets, agents) listen on."""
+    import psutil
+
+    from omni_ray.placement import local_cluster
+
+    port = int(cluster.address.rsplit(":", 1)[1])
+    out = set()
+    for proc in local_cluster.cluster_processes(cluster.temp_dir, port):
+        try:
+            out |= {c.laddr.ip for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+    return out
+
+
+def _loopback(address: str) -> bool:
+    """127.0.0.1, also as gcs_server and the raylet show it (IPv4-mapped IPv6)."""
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 def cluster_sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
@@ -88,11 +114,15 @@ def cluster_sweep(tmp_path: Path, name: str, model: Path, **extra) -> Path:
     return path
 
 
-# The driver joins the simulated cluster; the engines run in its raylets.
-DRIVER = ("import json, sys, omni_ray\n"
+# The driver joins the simulated cluster (and says the node addresses Ray lists); the engines
+# run in its raylets.
+DRIVER = ("import json, sys, ray, omni_ray\n"
+          "from omni_ray.placement.cluster import connect\n"
+          "connect(sys.argv[1], ())\n"
+          "addresses = sorted({n['NodeManagerAddress'] for n in ray.nodes()})\n"
           "r = omni_ray.run_sweep(sys.argv[4:], address=sys.argv[1], out=sys.argv[2],"
           " resume=sys.argv[3] == 'resume', allow_busy=True, busy_wait_s=0)\n"
-          "print(json.dumps(r.records))")
+          "print(json.dumps({'records': r.records, 'addresses': addresses}))")
 
 
 def start_driver(cluster, tmp_path: Path, sweeps: list[Path],
@@ -121,4 +151,6 @@ def driver_records(driver: subprocess.Popen, tmp_path: Path, timeout: float) -> 
         driver.communicate()
         raise
     assert driver.returncode == 0, driver_stderr(tmp_path)
-    return json.loads(out.strip().splitlines()[-1])
+    out = json.loads(out.strip().splitlines()[-1])
+    assert out["addresses"] == ["127.0.0.1"]  # the cluster is closed: loopback only
+    return out["records"]

@@ -1,5 +1,6 @@
 """``--monitor``: a real Prometheus (the host's package) scrapes the sweep's own Ray through
-Ray's service-discovery file and has a series of the running arm's RSS; it moves to the next
+Ray's service-discovery file and has series of the running arm's RSS, decode tokens/s of its
+last window and KV tokens in use against the budget; it moves to the next
 free port when its port is taken, lives in the run directory and stops with the sweep. While the
 arm runs, headless Chromium opens what a person would: the Ray dashboard's Actors page (with the
 token in Ray's cookie) and Prometheus' graph of the arm's RSS, screenshots kept in tmp_path."""
@@ -44,7 +45,9 @@ seen = {"rss": [], "lines": []}
 done = threading.Event()
 
 LIVE = ("ray_omni_stage_rss_anon_mb", "ray_omni_stage_rss_peak_mb",
-        "ray_omni_stage_busy_fraction", "ray_omni_sweep_arms_running")
+        "ray_omni_stage_busy_fraction", "ray_omni_sweep_arms_running",
+        "ray_omni_stage_decode_tok_s", "ray_omni_stage_kv_tokens_used",
+        "ray_omni_stage_kv_tokens_budget")
 
 def query(url, q):
     try:
@@ -89,11 +92,12 @@ def look(event):
 
 cfg = {"name": "watched", "model": "tiny", "passes": 1, "placement": {"slot_cores": 1},
        "stage": {"kv_cache_mib": 32, "max_model_len": 512},
-       "workload": {"prompt_len": 16, "output_len": 128, "warmup": 0, "repeats": 3}}
+       "workload": {"prompt_len": 16, "output_len": 128, "warmup": 0, "repeats": 80}}
 report = omni_ray.run_sweep(cfg, out=sys.argv[1], allow_busy=True, monitor=True,
                             monitor_port=int(sys.argv[2]), on_event=look)
 done.set()
 seen["status"] = [r["status"] for r in report.records]
+seen["kv_cache_tokens"] = report.records[0]["measurements"].get("kv_cache_tokens")
 seen["run_dir"] = str(report.out_dirs["watched"])
 print(json.dumps(seen))
 """
@@ -141,7 +145,10 @@ def _look_as_a_person(ready: dict, token: str, workdir) -> dict:
 def ray_env():
     tmp = tempfile.mkdtemp(prefix="omm-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env |= {"RAY_TMPDIR": tmp, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # Ray exports its metrics every 2 s instead of 10: the window figures of the tiny arm's
+    # repeats (some seconds of measuring) reach Prometheus while it still measures
+    env |= {"RAY_TMPDIR": tmp, "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "RAY_metrics_report_interval_ms": "2000"}
     yield env
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -186,10 +193,18 @@ def test_prometheus_has_the_running_arms_rss_series(ray_env, tmp_path):
     live = {name: result[0] for name, result in seen["live"].items()}
     stage = {k: v for k, v in labels.items() if k in ("arm", "pass", "slot", "numa_node")}
     assert stage["pass"] == "1" and stage["numa_node"] == "0" and labels["ray_node"]
-    for name in ("ray_omni_stage_rss_peak_mb", "ray_omni_stage_busy_fraction"):
+    for name in ("ray_omni_stage_rss_peak_mb", "ray_omni_stage_busy_fraction",
+                 "ray_omni_stage_decode_tok_s", "ray_omni_stage_kv_tokens_used",
+                 "ray_omni_stage_kv_tokens_budget"):
         assert {k: live[name]["metric"][k] for k in stage} == stage, name
     assert float(live["ray_omni_stage_rss_peak_mb"]["value"][1]) >= 50
     assert 0.0 <= float(live["ray_omni_stage_busy_fraction"]["value"][1]) <= 1.0
+    # a decode window measured, and vLLM's KV in use within the budget it allocated (the
+    # record's kv_cache_tokens), all while the arm ran (arms running: 1, below)
+    value = {name: float(series["value"][1]) for name, series in live.items()}
+    assert value["ray_omni_stage_decode_tok_s"] > 0
+    assert value["ray_omni_stage_kv_tokens_budget"] == seen["kv_cache_tokens"]
+    assert 0 <= value["ray_omni_stage_kv_tokens_used"] <= value["ray_omni_stage_kv_tokens_budget"]
     running = live["ray_omni_sweep_arms_running"]
     assert running["metric"]["sweep"] == "watched" and float(running["value"][1]) == 1
     # its data is in the run directory, and it stopped with the sweep

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from omni_ray.engine.launch import live_figures
 from omni_ray.workload.serving import percentile
 
 # engine starts take minutes when the machine is loaded
@@ -21,6 +24,10 @@ def test_two_rates_and_a_search_on_one_engine_start(tiny_model, run_arm):
         "search": {"percentile": 90, "low": 1, "high": 1000, "steps": 3}})
     m = result["measurements"]
     assert m["ready_s"] > 0 and m["kv_cache_tokens"] > 0  # the one start, recorded once
+    # while it served, its log said each second's output tokens/s and KV in use (live gauges)
+    live = live_figures(Path(result["log_path"]).read_text(errors="replace"))
+    assert live["kv_tokens_budget"] == m["kv_cache_tokens"]
+    assert live["decode_tok_s"] >= 0 and 0 <= live["kv_tokens_used"] <= m["kv_cache_tokens"]
     low, flood = m["serving"]
     assert (low["request_rate"], flood["request_rate"]) == (4.0, "inf")
     for point in (low, flood):

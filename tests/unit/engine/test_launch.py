@@ -249,3 +249,34 @@ def test_an_engine_within_its_memory_limit_says_so(monkeypatch, tmp_path):
     _fake_engine(monkeypatch, "import time; time.sleep(0.5)")
     r = launch.run_engine({"stage": {"memory_limit_mib": 4096}}, tmp_path, "x", timeout_s=30)
     assert r["memory_limit"]["exceeded"] is False and r["memory_limit"]["limit_mib"] == 4096
+
+
+def test_live_figures_keep_the_newest_value_of_each_known_figure():
+    from omni_ray.engines import PROGRESS_MARK
+
+    text = "\n".join([
+        f'{PROGRESS_MARK}{{"kv_tokens_budget": 4096}}',
+        f'{PROGRESS_MARK}{{"decode_tokens": 127, "decode_s": 0.5, "decode_tok_s": 254.0}}',
+        "INFO some vLLM line",
+        f'{PROGRESS_MARK}{{"kv_tokens_used": 144, "kv_tokens_budget": 4096}}',
+        f'{PROGRESS_MARK}{{"decode_tok_s": 250.5, "prefill_tok_s": 900, "other": 1}}',
+        f'{PROGRESS_MARK}{{"decode_tok_s": 3',  # cut short by a kill
+        f'{PROGRESS_MARK}not json}}'])
+    assert launch.live_figures(text + "\n") == {
+        "kv_tokens_budget": 4096.0, "kv_tokens_used": 144.0, "decode_tok_s": 250.5,
+        "prefill_tok_s": 900.0}
+    assert launch.live_figures("omni-ray phase: measuring\n") == {}
+
+
+def test_an_engine_log_is_read_by_whole_lines_as_it_grows(tmp_path):
+    from omni_ray.engines import PHASE_MARK, PROGRESS_MARK
+
+    path = tmp_path / "arm.log"
+    log = launch.EngineLog(path)
+    assert log.read() == {} and log.phase == "starting"  # not written yet
+    path.write_text(f"{PHASE_MARK}measuring\n{PROGRESS_MARK}{{\"decode_tok")
+    assert log.read() == {} and log.phase == "measuring"
+    with open(path, "a") as f:  # the rest of the line lands
+        f.write('_s": 12.5}\n')
+    assert log.read() == {"decode_tok_s": 12.5}
+    assert log.read() == {}  # said once

@@ -43,3 +43,14 @@ def test_detokenize_defaults_to_vllms_own_default():
     run_workload(llm, WorkloadConfig(batch=1, prompt_len=8, output_len=4, warmup=0, repeats=1),
                  vocab_size=1000, sampler=NoSampler(), seed=0)
     assert {p.detokenize for p in llm.params} == {True}
+
+
+def test_each_repeat_says_its_window_as_it_is_measured():
+    said = []
+    run_workload(RecordingLLM(), WorkloadConfig(batch=2, prompt_len=8, output_len=4, warmup=1,
+                                                repeats=3),
+                 vocab_size=1000, sampler=NoSampler(), seed=0,
+                 progress=lambda **f: said.append(f))
+    assert len(said) == 3  # the repeats, not the warm-up
+    assert {w["prefill_tokens"] for w in said} == {16}
+    assert all(w["prefill_tok_s"] > 0 for w in said)

@@ -93,3 +93,18 @@ def test_stages_on_a_missing_node_or_on_two_ray_nodes_are_refused_naming_the_sta
     with pytest.raises(ConfigError, match=r"^f\.yaml: stages\[1\]\.node: NUMA nodes \[0, 1\] are "
                                           r"on different Ray nodes; .* got 1$"):
         pipeline_slots("f.yaml", other, [_slot("a", 0), _slot("b", 1)])
+
+
+def test_replicated_arm_passes_count_as_running_while_they_run():
+    class Recording:
+        def __init__(self):
+            self.values = []
+
+        def set(self, value, tags):
+            self.values.append((tags["sweep"], value))
+
+    coord = Coordinator(run_id="r", allow_busy=False, events=Events())
+    coord._arms_running = Recording()
+    with coord._running_replicated("rep"):
+        assert coord._arms_running.values == [("rep", 1)]
+    assert coord._arms_running.values[-1] == ("rep", 0)
