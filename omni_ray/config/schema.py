@@ -116,6 +116,7 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "max_slots": f.optional(f.integer(gt=0)),
     "ray_nodes": f.optional(f.ray_node_list),
     "replicas": f.replicas,
+    "share_engine": f.boolean,
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -274,6 +275,9 @@ class PlacementConfig(_Config):
     max_slots: int | None = None
     ray_nodes: tuple[str, ...] | None = None
     replicas: int | str = 1         # "per_node": one engine per NUMA node at once, summed
+    # Arms of one pass whose stage configs are equal run on one engine start, one after
+    # another (docs/serving.md); false: a fresh engine process per arm.
+    share_engine: bool = True
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

@@ -37,6 +37,9 @@ class EngineRequest:
     # ``inputs_path`` and writes its output token ids to ``outputs_path`` (the next stage's input).
     inputs_path: str | None = None
     outputs_path: str | None = None
+    # Arms sharing this engine start (placement.share_engine, docs/serving.md): their
+    # workloads, run after ``workload`` on the same engine, each giving a result of its own.
+    then: tuple[WorkloadConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -47,10 +50,18 @@ class EngineRequest:
         if self.cpus is not None:
             object.__setattr__(self, "cpus", tuple(int(c) for c in self.cpus))
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "then", tuple(self.then))
         where = Where(SOURCE, "")
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
             check_workload_for(self.stage, self.workload, where / "workload")
+        for k, wl in enumerate(self.then):  # the engine is built for the first workload's mode
+            if not isinstance(wl, WorkloadConfig):
+                raise TypeError(f"then[{k}] must be a WorkloadConfig, got {type(wl).__name__}")
+            if self.workload is None or wl.mode != self.workload.mode:
+                raise (where / f"then[{k}]" / "mode").error(
+                    "must be the first workload's (one engine serves both)", wl.mode)
+            check_workload_for(self.stage, wl, where / f"then[{k}]")
 
     @property
     def engine(self) -> str:
@@ -82,7 +93,8 @@ class EngineRequest:
                    simulated=bool(d.get("simulated", False)), go_file=d.get("go_file"),
                    go_timeout_s=float(d.get("go_timeout_s", 600.0)),
                    stages=tuple(PipelineStage.from_dict(ps, SOURCE) for ps in d.get("stages", ())),
-                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"))
+                   inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
+                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -97,4 +109,5 @@ class EngineRequest:
                 "simulated": self.simulated, "go_file": self.go_file,
                 "go_timeout_s": self.go_timeout_s,
                 "stages": [ps.to_dict() for ps in self.stages],
-                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path}
+                "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
+                "then": [w.to_dict() for w in self.then]}

@@ -11,7 +11,8 @@ advertise the same resource names and give twice the slots, each known by its no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 from omni_ray.errors import UserError
 
@@ -102,6 +103,27 @@ def interleaved_jobs(n_arms: int, passes: int) -> list[Job]:
         start = (p - 1) % n_arms if n_arms else 0
         jobs.extend(Job((start + i) % n_arms, p) for i in range(n_arms))
     return jobs
+
+
+T = TypeVar("T")
+
+
+def bundles(items: Sequence[T], key: Callable[[T], Hashable | None]) -> list[list[T]]:
+    """``items`` with an equal ``key`` in one bundle, placed where its first one was, the
+    others after it in their order; an item whose key is None alone. Arms whose stage
+    configs are equal share one engine start this way, in the interleaved order."""
+    out: list[list[T]] = []
+    at: dict[Hashable, list[T]] = {}
+    for item in items:
+        k = key(item)
+        if k is None:
+            out.append([item])
+        elif k in at:
+            at[k].append(item)
+        else:
+            at[k] = [item]
+            out.append(at[k])
+    return out
 
 
 def pick_slot(free: Sequence[Hashable], used_by_arm: set) -> Hashable:
