@@ -374,32 +374,25 @@ def _rate(value: object, where: Where) -> float | str:
     return float(value)
 
 
-def request_rates(value: object, where: Where) -> tuple[float | str, ...]:
-    """One rate, or a list of load points served one after another on one engine start."""
-    if isinstance(value, (list, tuple)):
+def load_points(one: Check, what: str) -> Check:
+    """One load point (``one`` checks it), or a list of them served one after another on one
+    engine start, none twice; ``what`` names one in the error for an empty list."""
+    def check(value: object, where: Where) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            return (one(value, where),)
         if not value:
-            raise where.error("must list at least one rate", value)
-        rates = tuple(_rate(v, where / i) for i, v in enumerate(value))
-        for i, r in enumerate(rates):
-            if r in rates[:i]:
+            raise where.error(f"must list at least one {what}", value)
+        points = tuple(one(v, where / i) for i, v in enumerate(value))
+        for i, x in enumerate(points):
+            if x in points[:i]:
                 raise (where / i).error("listed twice", value[i])
-        return rates
-    return (_rate(value, where),)
+        return points
+    return check
 
 
-def user_counts(value: object, where: Where) -> tuple[int, ...]:
-    """A closed loop's users: one count, or a list of load points served one after another on
-    one engine start (each an integer > 0, none twice)."""
-    count = integer(gt=0)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise where.error("must list at least one number of users", value)
-        out = tuple(count(v, where / i) for i, v in enumerate(value))
-        for i, n in enumerate(out):
-            if n in out[:i]:
-                raise (where / i).error("listed twice", value[i])
-        return out
-    return (count(value, where),)
+# Request rates (req/s, or inf) and a closed loop's user counts (whole numbers > 0).
+request_rates = load_points(_rate, "rate")
+user_counts = load_points(integer(gt=0), "number of users")
 
 
 def percentiles(value: object, where: Where) -> tuple[float, ...]:
