@@ -32,12 +32,14 @@ def monitor_lines(url: str, graphs: dict, moved: str | None) -> list[str]:
 
 
 def print_plan(planned, passes, stream) -> None:
+    from omni_ray.placement.schedule import bundles, engine_key
     from omni_ray.topology import local_slots
 
     for sweep, arms, out_dir in planned:
         n_pass = passes or sweep.passes
+        starts = len(bundles(arms, lambda arm: engine_key(sweep, arm)))
         print(f"sweep {sweep.name} ({sweep.source}): {len(arms)} arms x {n_pass} passes "
-              f"-> {out_dir}", file=stream)
+              f"-> {out_dir}; {starts} engine start(s) a pass", file=stream)
         for arm in arms:
             slots = ", ".join(s.name for s in local_slots(arm.slot_cores, sweep.placement.nodes))
             print(f"  {arm.id}  {arm.label:<40} slot_cores={arm.slot_cores or 'node'} "

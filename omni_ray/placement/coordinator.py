@@ -27,8 +27,8 @@ from omni_ray.engine.launch import tail
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import require_capacity, resource_name
-from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, bundles, interleaved_jobs,
-                                         replica_slots, slot_pool)
+from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, bundles, engine_key,
+                                         interleaved_jobs, replica_slots, slot_pool)
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
 from omni_ray.results.replicas import aggregate
@@ -132,16 +132,10 @@ def engine_request(arm: Arm, seed: int) -> EngineRequest:
 
 
 def share_key(task: Task) -> tuple | None:
-    """What makes arm passes share one engine start (``placement.share_engine``, default
-    on): the same sweep, pass, stage config, slot size and workload mode (one engine is built
-    for one mode). None: a fresh process of its own (sharing off, a pipeline, replicas, or an
-    engine other than vLLM, whose start is not what costs)."""
-    arm = task.arm
-    if (not task.sweep.placement.share_engine or arm.stages or arm.replicas != 1
-            or arm.stage.engine != "vllm"):
-        return None
-    return (task.sweep.name, str(task.out_dir), task.pass_no, arm.stage, arm.slot_cores,
-            arm.workload.mode)
+    """Arm passes with an equal key share one engine start: the same pass and output
+    directory, and an equal ``schedule.engine_key`` (None: a fresh process of its own)."""
+    key = engine_key(task.sweep, task.arm)
+    return None if key is None else (task.pass_no, str(task.out_dir), key)
 
 
 def split_shared(tasks: Sequence[Task], result: dict) -> list[dict]:

@@ -126,6 +126,18 @@ def bundles(items: Sequence[T], key: Callable[[T], Hashable | None]) -> list[lis
     return out
 
 
+def engine_key(sweep, arm) -> tuple | None:
+    """What arms of one pass must have in common to share one engine start
+    (``placement.share_engine``, default on): the same sweep, stage config, slot size and
+    workload mode (one engine is built for one mode). None: a fresh process of its own
+    (sharing off, a pipeline, replicas, or an engine other than vLLM, whose start is not what
+    costs)."""
+    if (not sweep.placement.share_engine or arm.stages or arm.replicas != 1
+            or arm.stage.engine != "vllm"):
+        return None
+    return (sweep.name, arm.stage, arm.slot_cores, arm.workload.mode)
+
+
 def pick_slot(free: Sequence[Hashable], used_by_arm: set) -> Hashable:
     """The first free slot this arm has not run on, else the first free slot."""
     for slot in free:
