@@ -7,6 +7,8 @@ median, min, max and spread % = (max - min) / |median| * 100, and flags:
   CONTENDED    a pass ran while the pre-flight found the cores busy
   SINGLE PASS  n == 1: a single pass is not a result
   FAILED k/n   k of the arm's n records failed or timed out (they give no values)
+  SHARED START (a)  a pass ran on the engine arm a started (placement.share_engine): the
+               start figures are in a's records
 
 and, for two arms whose medians differ by less than either arm's own spread (max - min),
 a NOT A RANKING note: the order between them is noise.
@@ -136,6 +138,11 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
                 entry["errors"].append(str(rec["error"]).splitlines()[0][:200])
             continue
         entry["contended"] = entry["contended"] or _is_contended(rec)
+        shared = rec.get("shared_engine") or {}
+        if shared.get("position"):  # ran on another arm's engine start: its start figures
+            starts = entry.setdefault("shared_start_of", [])
+            if shared["started_by"] not in starts:
+                starts.append(shared["started_by"])
         measured = rec.get("measurements") or {}
         if measured.get("decode_regime"):
             regimes = entry.setdefault("decode_regime", [])
@@ -157,6 +164,8 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             arm_flags.append(f"FAILED {entry['n_failed']}/{counted}")
         if entry["contended"]:
             arm_flags.append("CONTENDED")
+        if entry.get("shared_start_of"):
+            arm_flags.append("SHARED START (" + ", ".join(entry["shared_start_of"]) + ")")
         entry["flags"] = arm_flags
         entry["metrics"] = {}
         for m in metrics:
