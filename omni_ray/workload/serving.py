@@ -172,6 +172,8 @@ async def drive(submit: Submit, plan: Sequence[Planned] | Callable[[int], Planne
     else:
         sent: list[asyncio.Future] = []
         for offset in offsets:
+            if not more() or (duration_s is not None and offset >= duration_s):
+                break  # never wait for a request that will not be sent
             delay = start + offset - clock()
             if delay > 0:
                 await asyncio.sleep(delay)

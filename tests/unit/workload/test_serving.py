@@ -255,3 +255,17 @@ def test_bisection_over_users_with_few_steps_keeps_a_bracket():
     met, failed = out["bracket"]
     assert met <= 40 < failed and len(out["probes"]) == 4
     assert [p["users"] for p in out["probes"][:2]] == [1, 1000]
+
+
+def test_open_loop_ends_without_waiting_for_the_next_arrival():
+    clock, log = FakeClock(), []
+    # the next request would be due 1000 units after the last: not waited for, it is not sent
+    offsets = itertools.chain([0.0, 0.0], itertools.repeat(1000.0))
+    timings, _ = asyncio.run(asyncio.wait_for(sv.drive(
+        _engine(clock, log), lambda i: sv.Planned([1], 2), offsets, num_requests=2,
+        clock=clock), timeout=30))
+    assert len(timings) == 2
+    timings, _ = asyncio.run(asyncio.wait_for(sv.drive(
+        _engine(clock, log), lambda i: sv.Planned([1], 2), [0.0, 1e9], duration_s=5.0,
+        clock=clock), timeout=30))
+    assert len(timings) == 1
