@@ -62,6 +62,11 @@ def outcome(record: dict) -> str:
         return f"{record['status'].upper()}: {record.get('error')}"
     m = record.get("measurements") or {}
     regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
+    shared = record.get("shared_engine") or {}
+    if shared.get("position"):  # no start of its own: its peak, and whose engine it ran on
+        return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
+                f"peak rss {_num(m.get('peak_rss_anon_mb'), '.0f')} MiB, on the engine "
+                f"{shared.get('started_by_label')} started")
     return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
             f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
 
