@@ -32,12 +32,14 @@ def monitor_lines(url: str, graphs: dict, moved: str | None) -> list[str]:
 
 
 def print_plan(planned, passes, stream) -> None:
+    from omni_ray.placement.schedule import bundles, engine_key
     from omni_ray.topology import local_slots
 
     for sweep, arms, out_dir in planned:
         n_pass = passes or sweep.passes
+        starts = len(bundles(arms, lambda arm: engine_key(sweep, arm)))
         print(f"sweep {sweep.name} ({sweep.source}): {len(arms)} arms x {n_pass} passes "
-              f"-> {out_dir}", file=stream)
+              f"-> {out_dir}; {starts} engine start(s) a pass", file=stream)
         for arm in arms:
             slots = ", ".join(s.name for s in local_slots(arm.slot_cores, sweep.placement.nodes))
             print(f"  {arm.id}  {arm.label:<40} slot_cores={arm.slot_cores or 'node'} "
@@ -68,6 +70,11 @@ def outcome(record: dict) -> str:
                 f"(bottleneck: stage {_num(m.get('bottleneck_stage'), 'd')})")
     regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
     contended = ", CONTENDED" if record.get("contended") else ""
+    shared = record.get("shared_engine") or {}
+    if shared.get("position"):  # no start of its own: its peak, and whose engine it ran on
+        return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
+                f"peak rss {_num(m.get('peak_rss_anon_mb'), '.0f')} MiB, on the engine "
+                f"{shared.get('started_by_label')} started{contended}")
     return (f"decode {_num(m.get('decode_tok_s'), '.1f')} tok/s{regime}, "
             f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB{contended}")
 

@@ -152,7 +152,7 @@ def integer(*, gt: int | None = None, ge: int | None = None) -> Check:
     return check
 
 
-def number(*, gt: float | None = None) -> Check:
+def number(*, gt: float | None = None, ge: float | None = None) -> Check:
     def check(value: object, where: Where) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise where.error("must be a number", value)
@@ -160,6 +160,8 @@ def number(*, gt: float | None = None) -> Check:
             raise where.error("must be a finite number", value)
         if gt is not None and not value > gt:
             raise where.error(f"must be > {gt:g}", value)
+        if ge is not None and not value >= ge:
+            raise where.error(f"must be >= {ge:g}", value)
         return float(value)
     return check
 
@@ -372,17 +374,25 @@ def _rate(value: object, where: Where) -> float | str:
     return float(value)
 
 
-def request_rates(value: object, where: Where) -> tuple[float | str, ...]:
-    """One rate, or a list of load points served one after another on one engine start."""
-    if isinstance(value, (list, tuple)):
+def load_points(one: Check, what: str) -> Check:
+    """One load point (``one`` checks it), or a list of them served one after another on one
+    engine start, none twice; ``what`` names one in the error for an empty list."""
+    def check(value: object, where: Where) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            return (one(value, where),)
         if not value:
-            raise where.error("must list at least one rate", value)
-        rates = tuple(_rate(v, where / i) for i, v in enumerate(value))
-        for i, r in enumerate(rates):
-            if r in rates[:i]:
+            raise where.error(f"must list at least one {what}", value)
+        points = tuple(one(v, where / i) for i, v in enumerate(value))
+        for i, x in enumerate(points):
+            if x in points[:i]:
                 raise (where / i).error("listed twice", value[i])
-        return rates
-    return (_rate(value, where),)
+        return points
+    return check
+
+
+# Request rates (req/s, or inf) and a closed loop's user counts (whole numbers > 0).
+request_rates = load_points(_rate, "rate")
+user_counts = load_points(integer(gt=0), "number of users")
 
 
 def percentiles(value: object, where: Where) -> tuple[float, ...]:
@@ -433,12 +443,17 @@ def prompt_file(value: object, where: Where) -> str:
     return path
 
 
-_SEARCH_KEYS = ("percentile", "low", "high", "steps")
+_SEARCH_KEYS = ("over", "percentile", "low", "high", "steps")
+# What a search may bisect over: the open loop's rate, its requests in flight, a closed loop's users.
+SEARCH_OVER = ("request_rate", "max_concurrency", "users")
 
 
 def search(value: object, where: Where) -> FrozenDict:
-    """``{percentile, low, high, steps}``: bisect the highest rate in [low, high] whose
-    ``percentile`` of each SLO metric meets the SLO (``steps`` midpoints, default 5)."""
+    """``{over, percentile, low, high, steps}``: bisect the highest load in [low, high] whose
+    ``percentile`` of each SLO metric meets the SLO (``steps`` midpoints, default 5). ``over``
+    (default ``request_rate``) is the load bisected: a rate, or a count (``max_concurrency``,
+    ``users``) whose ends are integers. ``over`` at its default stays out of the result, so
+    the arms of earlier searches keep their ids."""
     if not isinstance(value, Mapping):
         raise where.error(f"must be a mapping with keys {', '.join(_SEARCH_KEYS)}", value)
     for key in value:
@@ -447,14 +462,19 @@ def search(value: object, where: Where) -> FrozenDict:
     for key in ("percentile", "low", "high"):
         if key not in value:
             raise (where / key).error("required field missing")
+    over = choice(*SEARCH_OVER)(value.get("over", "request_rate"), where / "over")
     p = value["percentile"]
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p < 100:
         raise (where / "percentile").error("must be a number in (0, 100)", p)
-    low, high = (_rate(value[k], where / k) for k in ("low", "high"))
-    for key, rate in (("low", low), ("high", high)):
-        if rate == "inf":
-            raise (where / key).error("must be a finite rate", value[key])
+    if over == "request_rate":
+        low, high = (_rate(value[k], where / k) for k in ("low", "high"))
+        for key, rate in (("low", low), ("high", high)):
+            if rate == "inf":
+                raise (where / key).error("must be a finite rate", value[key])
+    else:
+        low, high = (integer(gt=0)(value[k], where / k) for k in ("low", "high"))
     if not high > low:
         raise (where / "high").error(f"must be > low {low:g}", value["high"])
     steps = integer(gt=0)(value.get("steps", 5), where / "steps")
-    return FrozenDict(percentile=float(p), low=low, high=high, steps=steps)
+    head = {} if over == "request_rate" else {"over": over}
+    return FrozenDict(**head, percentile=float(p), low=low, high=high, steps=steps)

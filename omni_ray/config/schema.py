@@ -89,11 +89,14 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "percentiles": f.percentiles,
     "slo": f.slo,
     "search": f.optional(f.search),
+    "users": f.optional(f.user_counts),
+    "think_time_s": f.number(ge=0),
+    "duration_s": f.optional(f.number(gt=0)),
 }
 # Fields that only a serving arm uses, and those only an offline arm uses.
 SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests",
                   "warmup_requests", "prompt_len_max", "output_len_max", "prompt_file",
-                  "percentiles", "slo", "search")
+                  "percentiles", "slo", "search", "users", "think_time_s", "duration_s")
 OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
 
 # A pipeline stage (``stages:``, docs/pipelines.md): a full stage config plus its placement.
@@ -116,6 +119,7 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "max_slots": f.optional(f.integer(gt=0)),
     "ray_nodes": f.optional(f.ray_node_list),
     "replicas": f.replicas,
+    "share_engine": f.boolean,
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -283,7 +287,10 @@ class WorkloadConfig(_Config):
     prompt_file: str | None = None  # prompts from this file, one a line (real tokenizer)
     percentiles: tuple = (90.0, 99.0)  # reported besides mean and median
     slo: dict = dataclasses.field(default_factory=FrozenDict)  # ttft_ms/tpot_ms/e2e_ms -> ms
-    search: dict | None = None      # {percentile, low, high, steps}: bisect the SLO's capacity
+    search: dict | None = None      # {over, percentile, low, high, steps}: bisect the capacity
+    users: tuple | None = None      # a closed loop of N users per load point (instead of rates)
+    think_time_s: float = 0.0       # a user's pause between a reply and its next request
+    duration_s: float | None = None  # each load point sends for this long (not num_requests)
 
     def __post_init__(self) -> None:
         _recheck(self, WORKLOAD_FIELDS)
@@ -300,6 +307,9 @@ class PlacementConfig(_Config):
     max_slots: int | None = None
     ray_nodes: tuple[str, ...] | None = None
     replicas: int | str = 1         # "per_node": one engine per NUMA node at once, summed
+    # Arms of one pass whose stage configs are equal run on one engine start, one after
+    # another (docs/serving.md); false: a fresh engine process per arm.
+    share_engine: bool = True
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)
@@ -538,10 +548,41 @@ def check_mode_fields(stage: StageConfig, workload: WorkloadConfig, where: Where
             raise (where / key).error(f"must be >= {low} {getattr(workload, low)}{which}", high)
     if workload.search is not None and not workload.slo:
         raise (where / "search").error(f"needs an slo to meet{which}", thaw(workload.search))
+    check_load_fields(workload, where, which)
     if workload.prompt_file and workload.prompt_len_max is not None:
         raise (where / "prompt_len_max").error(
             f"has no meaning with prompt_file (its prompts have their own lengths){which}",
             workload.prompt_len_max)
+
+
+# A closed loop's users send when their last reply came: no arrival schedule of its own.
+_OPEN_LOOP_FIELDS = ("request_rate", "burstiness", "max_concurrency")
+
+
+def check_load_fields(workload: WorkloadConfig, where: Where, which: str = "") -> None:
+    """A closed loop (``users``) leaves the open loop's fields at their defaults; a think time
+    needs users; a ``duration_s`` replaces ``num_requests``, and an open loop sending for a
+    duration at rate inf needs ``max_concurrency`` (else it sends without end)."""
+    if workload.users is not None:
+        for key in _OPEN_LOOP_FIELDS:
+            value = getattr(workload, key)
+            if value != _WORKLOAD_DEFAULTS[key]:
+                raise (where / key).error(f"has no meaning with users (a closed loop sends "
+                                          f"when a reply comes){which}", thaw(value))
+    elif workload.think_time_s:
+        raise (where / "think_time_s").error(f"needs users (a closed loop){which}",
+                                             workload.think_time_s)
+    if workload.duration_s is None:
+        return
+    if workload.num_requests != _WORKLOAD_DEFAULTS["num_requests"]:
+        raise (where / "num_requests").error(
+            f"has no meaning with duration_s (requests are sent until it is over){which}",
+            workload.num_requests)
+    if workload.users is None and workload.max_concurrency is None \
+            and "inf" in workload.request_rate:
+        raise (where / "request_rate").error(
+            f"inf with duration_s sends without end; set max_concurrency or users{which}",
+            "inf")
 
 
 def workload_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> WorkloadConfig:

@@ -245,8 +245,8 @@ def launch_arm(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s
     prime = None
     try:
         if warm_start:
-            prime = run_engine(dataclasses.replace(req, workload=None), workdir, f"{name}.prime",
-                               timeout_s=timeout_s, on_poll=on_poll)
+            prime = run_engine(dataclasses.replace(req, workload=None, then=()), workdir,
+                               f"{name}.prime", timeout_s=timeout_s, on_poll=on_poll)
             if prime["status"] != "ok":
                 prime["error"] = f"warm-start priming failed: {prime.get('error')}"
                 return prime

@@ -112,6 +112,7 @@ def run(req: EngineRequest) -> dict:
         else:
             session.phase("measuring")
         readback("ready")
+        engine_facts = {k: v for k, v in m.items() if k not in START_FIGURES}
         if req.workload is not None:
             neighbours = NeighbourLoad(os.getpid(), cpus or sorted(os.sched_getaffinity(0)))
             m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
@@ -120,16 +121,52 @@ def run(req: EngineRequest) -> dict:
             m.update(neighbours.stop())
             readback("end")  # a thread moved off the slot while measuring
         sampler.mark("end")
-        m["peak_rss_anon_mb"] = sampler.peak_anon_mb()
+        m["peak_rss_anon_mb"] = sampler.peak_anon_mb(None, "end")
+        shared = [run_shared(engine, session, k, wl, engine_facts, readback)
+                  for k, wl in enumerate(req.then, 1)]
         extra = engine.report()
         del engine
     out = {"status": "ok", "measurements": m, "pinning": readback.into(pinning),
            "memory": sampler.to_dict(), **extra}
+    if shared:
+        out["shared"] = shared
     bad = out["pinning"]["violations"]
     if bad:  # measured off the slot: the figures are not the slot's
         out.update(status="failed", error=f"pinning: {len(bad)} thread(s) "
                    f"outside CPUs {format_cpulist(cpus)}: {bad[0]}")
     return out
+
+
+# What an engine start costs: measured once, in the record of the arm that started it; the
+# arms sharing the start (EngineRequest.then) say whose it was instead of copying them.
+START_FIGURES = ("ready_s", "import_s", "init_s", "rss_anon_mb", "rss_anon_tree_mb",
+                 "peak_rss_anon_during_load_mb")
+
+
+def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
+               readback: PinningReadback) -> dict:
+    """The ``k``-th arm sharing this engine start: its workload on the engine as the arms
+    before it left it. Its measurements are the engine's facts (KV cache, pids; no start
+    figures), its workload's figures and the tree's RssAnon peak while it ran (marks
+    ``shared<k>_start`` / ``_end`` in the memory trace). A failure is its own."""
+    import dataclasses
+
+    session.req = dataclasses.replace(session.req, workload=workload, then=())
+    session.phase("measuring")
+    start, end = f"shared{k}_start", f"shared{k}_end"
+    session.sampler.mark(start)
+    m = dict(engine_facts, measured_from=time.time())
+    try:
+        m.update(engine.run(session))
+    except Exception as exc:  # recorded; the next sharing arm still runs
+        traceback.print_exc()
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+                "measurements": m}
+    m["measured_to"] = time.time()
+    readback(f"shared arm {k} end")
+    session.sampler.mark(end)
+    m["peak_rss_anon_mb"] = session.sampler.peak_anon_mb(start, end)
+    return {"status": "ok", "measurements": m}
 
 
 def serve(run_fn, argv: list[str] | None = None, adjust=None, typed: bool = True) -> None:

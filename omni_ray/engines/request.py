@@ -46,6 +46,9 @@ class EngineRequest:
     # Read the engine's own stats live (vLLM's KV use, engines/vllm_stats.py) where they cost
     # the measurement: a sweep under --monitor.
     live_stats: bool = False
+    # Arms sharing this engine start (placement.share_engine, docs/serving.md): their
+    # workloads, run after ``workload`` on the same engine, each giving a result of its own.
+    then: tuple[WorkloadConfig, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -58,10 +61,18 @@ class EngineRequest:
         object.__setattr__(self, "stages", tuple(self.stages))
         object.__setattr__(self, "node_cpus", tuple((int(n), tuple(int(c) for c in cpus))
                                                     for n, cpus in self.node_cpus))
+        object.__setattr__(self, "then", tuple(self.then))
         where = Where(SOURCE, "")
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
             check_workload_for(self.stage, self.workload, where / "workload")
+        for k, wl in enumerate(self.then):  # the engine is built for the first workload's mode
+            if not isinstance(wl, WorkloadConfig):
+                raise TypeError(f"then[{k}] must be a WorkloadConfig, got {type(wl).__name__}")
+            if self.workload is None or wl.mode != self.workload.mode:
+                raise (where / f"then[{k}]" / "mode").error(
+                    "must be the first workload's (one engine serves both)", wl.mode)
+            check_workload_for(self.stage, wl, where / f"then[{k}]")
 
     @property
     def engine(self) -> str:
@@ -96,7 +107,8 @@ class EngineRequest:
                    node_cpus=d.get("node_cpus", ()),
                    inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
                    window=d.get("window"), out_window=d.get("out_window"),
-                   live_stats=bool(d.get("live_stats", False)))
+                   live_stats=bool(d.get("live_stats", False)),
+                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -114,4 +126,5 @@ class EngineRequest:
                 "node_cpus": [[n, list(cpus)] for n, cpus in self.node_cpus],
                 "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
                 "window": self.window, "out_window": self.out_window,
-                "live_stats": self.live_stats}
+                "live_stats": self.live_stats,
+                "then": [w.to_dict() for w in self.then]}

@@ -12,9 +12,11 @@ memory binding and the tree sampler. See docs/serving.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from omni_ray.engines.request import EngineRequest
@@ -55,6 +57,14 @@ def _tree_cpu_s(root: int) -> tuple[float, float]:
     return own, rest
 
 
+@functools.lru_cache(maxsize=1)
+def _tokenizer(model_path: str) -> Any:
+    """The model's own tokenizer, loaded once (a duration draws its requests in chunks)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
 def _plan(req: EngineRequest, n: int, vocab: int, model_path: str, max_len: int,
           rng: random.Random) -> list[sv.Planned]:
     """``n`` requests: prompts of the configured lengths (random token ids, distinct), or the
@@ -62,9 +72,7 @@ def _plan(req: EngineRequest, n: int, vocab: int, model_path: str, max_len: int,
     wl = req.workload
     outs = sv.lengths(n, wl.output_len, wl.output_len_max, rng)
     if wl.prompt_file:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model_path)
+        tok = _tokenizer(model_path)
         texts = sv.read_prompt_file(wl.prompt_file)
         prompts = []
         for o in outs:
@@ -107,28 +115,53 @@ def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineR
         loop.run_until_complete(sv.drive(submit, warm, [0.0] * len(warm)))
     counter = iter(range(1 << 30))
 
-    def run_point(rate: float | str, samples: bool = True) -> tuple[dict, list]:
-        """One load point at ``rate``: its figures (and per-request samples)."""
+    def draw() -> Callable[[int], sv.Planned]:
+        """Request i of a load point, drawn in chunks as they are needed (a duration does not
+        say how many)."""
+        drawn: list[sv.Planned] = []
+
+        def make(i: int) -> sv.Planned:
+            while i >= len(drawn):
+                drawn.extend(_plan(req, wl.num_requests, vocab, model_path, max_len, rng))
+            return drawn[i]
+        return make
+
+    def run_point(load: dict, samples: bool = True) -> tuple[dict, list]:
+        """One load point: ``load`` is ``{"request_rate": r}`` (an open loop at this
+        workload's burstiness and max_concurrency, unless ``load`` gives its own) or
+        ``{"users": n}`` (a closed loop). Returns its figures (and per-request samples)."""
         k = next(counter)
-        phase(f"serving {rate} req/s")
-        plan = _plan(req, wl.num_requests, vocab, model_path, max_len, rng)
-        offsets = sv.arrival_offsets(len(plan), float(rate), wl.burstiness,
-                                     rng.randrange(1 << 62))
+        users = load.get("users")
+        point = {"request_rate": load.get("request_rate"), "burstiness": wl.burstiness,
+                 "max_concurrency": load.get("max_concurrency", wl.max_concurrency)}
+        if users is not None:
+            point = {"users": users, "think_time_s": wl.think_time_s}
+            phase(f"serving {users} users")
+            offsets: Any = ()
+        else:
+            phase(f"serving {point['request_rate']} req/s")
+            offsets = sv.arrivals(float(point["request_rate"]), wl.burstiness,
+                                  rng.randrange(1 << 62))
         for key in ("kv_cache_usage", "running", "waiting"):
             seen[key] = 0
         label = f"load{k}"
         sampler.mark(f"{label}_start")
         cpu0, t0 = _tree_cpu_s(os.getpid()), time.perf_counter()
-        timings, duration = loop.run_until_complete(
-            sv.drive(submit, plan, offsets, max_concurrency=wl.max_concurrency))
+        timings, duration = loop.run_until_complete(sv.drive(
+            submit, draw(), offsets, users=users, think_time_s=wl.think_time_s,
+            num_requests=None if wl.duration_s else wl.num_requests, duration_s=wl.duration_s,
+            max_concurrency=point.get("max_concurrency")))
         wall = time.perf_counter() - t0
         cpu1 = _tree_cpu_s(os.getpid())
         sampler.mark(f"{label}_end")
         figs = sv.figures(timings, duration, percentiles=wl.percentiles, slo=wl.slo)
         usage = seen["kv_cache_usage"] if seen["records"] else None
-        point = {
-            "request_rate": rate, "burstiness": wl.burstiness,
-            "max_concurrency": wl.max_concurrency, "num_requests": len(plan), **figs,
+        point |= {
+            "num_requests": len(timings),
+            # what ended the load point: a number of requests, or a duration (then requests
+            # in flight at its end ran to theirs and are counted)
+            "ends_by": "duration_s" if wl.duration_s else "num_requests",
+            "duration_limit_s": wl.duration_s, **figs,
             "kv_cache": {"peak_usage": usage,
                          "peak_tokens": None if usage is None else round(usage * kv_cache_tokens),
                          "budget_tokens": kv_cache_tokens, "source": "vLLM SchedulerStats"
@@ -142,21 +175,40 @@ def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineR
             point["samples"] = sv.samples(timings)
         return point, timings
 
-    out: dict = {"serving": [run_point(rate)[0] for rate in wl.request_rate]}
+    loads = ([{"users": n} for n in wl.users] if wl.users is not None
+             else [{"request_rate": rate} for rate in wl.request_rate])
+    out: dict = {"serving": [run_point(load)[0] for load in loads]}
     if wl.search is not None:
-        probes: list[dict] = []
+        out.update(search(wl, run_point))
+    return out
 
-        def probe(rate: float) -> bool:
-            point, timings = run_point(rate, samples=False)
-            point["meets_slo"] = sv.meets_slo(timings, wl.slo, wl.search["percentile"])
-            probes.append(point)
-            return point["meets_slo"]
 
-        found = sv.bisect_rate(probe, wl.search["low"], wl.search["high"],
-                               wl.search["steps"])
-        out["serving_search"] = {**dict(wl.search), "slo": dict(wl.slo),
-                                 "capacity": found["capacity"], "bracket": found["bracket"],
-                                 "probes": probes}
-        if found["capacity"] is not None:
-            out["capacity_req_s"] = found["capacity"]
+# How a search's probe of load x runs, by what it bisects over; and the record key of its
+# capacity.
+_PROBE = {"request_rate": lambda x: {"request_rate": x},
+          "max_concurrency": lambda x: {"request_rate": "inf", "max_concurrency": x},
+          "users": lambda x: {"users": x}}
+CAPACITY_KEY = {"request_rate": "capacity_req_s", "max_concurrency": "capacity_concurrency",
+                "users": "capacity_users"}
+
+
+def search(wl: Any, run_point: Callable[..., tuple[dict, list]]) -> dict:
+    """The SLO search on this engine: probes of ``num_requests`` (or ``duration_s``) each,
+    bisecting ``search.over`` (docs/serving.md)."""
+    over = wl.search.get("over", "request_rate")
+    probes: list[dict] = []
+
+    def probe(x: float) -> bool:
+        point, timings = run_point(_PROBE[over](x), samples=False)
+        point["meets_slo"] = sv.meets_slo(timings, wl.slo, wl.search["percentile"])
+        probes.append(point)
+        return point["meets_slo"]
+
+    found = sv.bisect_load(probe, wl.search["low"], wl.search["high"], wl.search["steps"],
+                           over=over)
+    out: dict = {"serving_search": {"over": over, **dict(wl.search), "slo": dict(wl.slo),
+                                    "capacity": found["capacity"], "bracket": found["bracket"],
+                                    "probes": probes}}
+    if found["capacity"] is not None:
+        out[CAPACITY_KEY[over]] = found["capacity"]
     return out

@@ -35,7 +35,8 @@ from omni_ray.measure.cpuload import contended_during
 from omni_ray.models.build import resolve_model
 from omni_ray.placement.actor import StageActor, actor_name
 from omni_ray.placement.cluster import node_loss, require_capacity, resource_name
-from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, describe_node,
+from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, bundles, describe_node,
+                                         engine_key,
                                          interleaved_jobs, replica_slots, slot_pool)
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
@@ -150,6 +151,40 @@ def died_result(log_dir: Path, name: str, error: str) -> dict:
             "log_path": str(log)}
 
 
+def share_key(task: Task) -> tuple | None:
+    """Arm passes with an equal key share one engine start: the same pass and output
+    directory, and an equal ``schedule.engine_key`` (None: a fresh process of its own)."""
+    key = engine_key(task.sweep, task.arm)
+    return None if key is None else (task.pass_no, str(task.out_dir), key)
+
+
+def split_shared(tasks: Sequence[Task], result: dict) -> list[dict]:
+    """One result per task of an engine start ``tasks`` shared: the first task's is the
+    process's own; each later one's is its entry of ``result["shared"]`` with the process's
+    pinning, memory trace, log and reports (a pinning violation fails every one). A later
+    task the process never reached fails with the engine's error. Each says whose start it
+    shared (``shared_engine``)."""
+    first = tasks[0]
+    shared = list(result.pop("shared", None) or [])
+    if len(tasks) == 1:
+        return [result]
+    about = {"started_by": first.arm.id, "started_by_label": first.arm.label,
+             "arms": [t.arm.id for t in tasks]}
+    common = {k: result[k] for k in ("pinning", "memory", "patch_report", "kernels", "log",
+                                     "log_path", "memory_limit", "wall_s", "returncode")
+              if k in result}
+    out = [result | {"shared_engine": about | {"position": 0}}]
+    for k, _task in enumerate(tasks[1:], 1):
+        own = shared[k - 1] if k - 1 < len(shared) else {
+            "status": "failed", "error": f"the engine started by {first.arm.label} ended before "
+                                         f"this arm ran: {result.get('error')}",
+            "stderr_tail": result.get("stderr_tail")}
+        if own["status"] == "ok" and (result.get("pinning") or {}).get("violations"):
+            own = own | {"status": "failed", "error": result.get("error")}
+        out.append(common | own | {"shared_engine": about | {"position": k}})
+    return out
+
+
 def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                     t_dispatch: float, t_end: float, preflight: dict | None) -> dict:
     engine_wall = result.get("wall_s") or 0.0
@@ -174,7 +209,8 @@ def make_arm_record(task: Task, run_id: str, result: dict, *, slot: dict | None,
                "log": result.get("log"),
                "log_path": result.get("log_path"), "prime": result.get("prime"),
                "memory": result.get("memory"), "memory_limit": result.get("memory_limit"),
-               "stages": result.get("stages"), "edges": result.get("edges")})
+               "stages": result.get("stages"), "edges": result.get("edges"),
+               "shared_engine": result.get("shared_engine")})
 
 
 class Coordinator:
@@ -190,7 +226,7 @@ class Coordinator:
                                    tag_keys=("sweep",))
 
         self.busy_wait_s = busy_wait_s
-        self.running: dict = {}  # ObjectRef -> (task, slot, actor, t_dispatch)
+        self.running: dict = {}  # ref -> (task, slot, actor, t0, where, preflight, its tasks)
         self._replicated: collections.Counter = collections.Counter()  # sweep -> arm passes
         self.records: list[dict] = []
         self.refused: str | None = None
@@ -230,7 +266,10 @@ class Coordinator:
                 return pf, pf["ok"] or self.allow_busy
             time.sleep(1.0)
 
-    def _dispatch(self, task: Task, slot_res: SlotRef, slot_cores: int | None) -> None:
+    def _dispatch(self, tasks: Sequence[Task], slot_res: SlotRef, slot_cores: int | None,
+                  ) -> None:
+        """Start ``tasks`` (arm passes sharing one engine start, or one alone) on a slot."""
+        task = tasks[0]
         slot_name = slot_res.label
         actor = _stage_actor(task, slot_res, slot_cores)
         t0 = time.time()
@@ -240,11 +279,13 @@ class Coordinator:
             self.refused = _busy_refusal(slot_name, pf, task)
             return
         where = ray.get(actor.where.remote())
-        self._emit(self.events.on_dispatch, task, slot_name)
-        ref = actor.run.remote(engine_request(task.arm, task.pass_no, self.live_stats),
-                               str(task.out_dir / "logs"), task.name, task.arm.timeout_s,
-                               task.arm.stage.warm_start)
-        self.running[ref] = (task, slot_res, actor, t0, where, pf)
+        for t in tasks:
+            self._emit(self.events.on_dispatch, t, slot_name)
+        req = dataclasses.replace(engine_request(task.arm, task.pass_no, self.live_stats),
+                                  then=tuple(t.arm.workload for t in tasks[1:]))
+        ref = actor.run.remote(req, str(task.out_dir / "logs"), task.name,
+                               sum(t.arm.timeout_s for t in tasks), task.arm.stage.warm_start)
+        self.running[ref] = (task, slot_res, actor, t0, where, pf, tasks)
         self._count_running(task.sweep.name)
 
     def _count_running(self, sweep: str) -> None:
@@ -320,18 +361,18 @@ class Coordinator:
             return self._actor_died(task, name, slot, exc)
 
     def _collect(self, ref, sched: Scheduler, lost: str | None = None) -> None:
-        """Record a finished arm pass; ``lost``: its node was lost, and its result with it."""
-        task, slot_res, actor, t0, where, pf = self.running.pop(ref)
+        """Record a finished arm pass (and the arms that shared its engine start); ``lost``:
+        its node was lost, and its result with it."""
+        task, slot_res, actor, t0, where, pf, tasks = self.running.pop(ref)
         if lost is not None:
             result = died_result(task.out_dir / "logs", task.name,
                                  f"{lost}; the arm's stage actor and engine were on it")
         else:
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayError as exc:  # the actor itself died, its engine with it
-                result = self._actor_died(task, task.name, slot_res, exc)
-        self._write(task, make_arm_record(task, self.run_id, result, slot=where, t_dispatch=t0,
-                                          t_end=time.time(), preflight=pf))
+            result = self._result_of(task, task.name, slot_res, ref)
+        t_end = time.time()
+        for t, res in zip(tasks, split_shared(tasks, result)):
+            self._write(t, make_arm_record(t, self.run_id, res, slot=where, t_dispatch=t0,
+                                           t_end=t_end, preflight=pf))
         with contextlib.suppress(Exception):  # an actor of a lost node may be past killing
             ray.kill(actor)
         sched.done(slot_res)
@@ -488,7 +529,8 @@ class Coordinator:
             raise UserError(f"placement.nodes: no slots on nodes {list(group.nodes or ())}")
         slots = slots[:group.max_slots]
         arm_index = {a: i for i, a in enumerate(dict.fromkeys(t.arm.id for t in tasks))}
-        by_job = {Job(arm_index[t.arm.id], t.pass_no): t for t in tasks}
+        by_job = {Job(arm_index[b[0].arm.id], b[0].pass_no): b
+                  for b in bundles(tasks, share_key)}
         sched = Scheduler(list(by_job), slots)
         try:
             while (sched.pending or self.running) and not self.refused:

@@ -11,7 +11,8 @@ advertise the same resource names and give twice the slots, each known by its no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 from omni_ray.errors import UserError
 
@@ -103,6 +104,39 @@ def interleaved_jobs(n_arms: int, passes: int) -> list[Job]:
         start = (p - 1) % n_arms if n_arms else 0
         jobs.extend(Job((start + i) % n_arms, p) for i in range(n_arms))
     return jobs
+
+
+T = TypeVar("T")
+
+
+def bundles(items: Sequence[T], key: Callable[[T], Hashable | None]) -> list[list[T]]:
+    """``items`` with an equal ``key`` in one bundle, placed where its first one was, the
+    others after it in their order; an item whose key is None alone. Arms whose stage
+    configs are equal share one engine start this way, in the interleaved order."""
+    out: list[list[T]] = []
+    at: dict[Hashable, list[T]] = {}
+    for item in items:
+        k = key(item)
+        if k is None:
+            out.append([item])
+        elif k in at:
+            at[k].append(item)
+        else:
+            at[k] = [item]
+            out.append(at[k])
+    return out
+
+
+def engine_key(sweep, arm) -> tuple | None:
+    """What arms of one pass must have in common to share one engine start
+    (``placement.share_engine``, default on): the same sweep, stage config, slot size and
+    workload mode (one engine is built for one mode). None: a fresh process of its own
+    (sharing off, a pipeline, replicas, or an engine other than vLLM, whose start is not what
+    costs)."""
+    if (not sweep.placement.share_engine or arm.stages or arm.replicas != 1
+            or arm.stage.engine != "vllm"):
+        return None
+    return (sweep.name, arm.stage, arm.slot_cores, arm.workload.mode)
 
 
 def pick_slot(free: Sequence[Hashable], used_by_arm: set) -> Hashable:

@@ -139,9 +139,9 @@ def _serving_html(run: Run) -> str:
         return ""
     labels = {a.id: a.label for a in run.arms}
     cols = [c for c, _ in SERVING_COLUMNS]
-    head = "".join(f"<th>{_e(c)}</th>" for c in ["arm", "rate req/s", *cols, "n"])
+    head = "".join(f"<th>{_e(c)}</th>" for c in ["arm", "load", *cols, "n"])
     body = "".join(
-        f"<tr><td>{_e(labels.get(r['arm'], r['arm']))}</td><td>{_e(r['request_rate'])}</td>"
+        f"<tr><td>{_e(labels.get(r['arm'], r['arm']))}</td><td>{_e(r['load'])}</td>"
         + "".join(f"<td>{_e(_fmt(r['median'][c]))}</td>" for c in cols)
         + f"<td>{r['n']}</td></tr>" for r in rows)
     return ("<h3>Serving load points</h3><p>One engine start per arm serves its load points in "

@@ -7,6 +7,8 @@ median, min, max and spread % = (max - min) / |median| * 100, and flags:
   CONTENDED    a pass ran while the pre-flight found the cores busy
   SINGLE PASS  n == 1: a single pass is not a result
   FAILED k/n   k of the arm's n records failed or timed out (they give no values)
+  SHARED START (a)  a pass ran on the engine arm a started (placement.share_engine): the
+               start figures are in a's records
 
 and, for two arms whose medians differ by less than either arm's own spread (max - min),
 a NOT A RANKING note: the order between them is noise.
@@ -136,6 +138,11 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
                 entry["errors"].append(str(rec["error"]).splitlines()[0][:200])
             continue
         entry["contended"] = entry["contended"] or _is_contended(rec)
+        shared = rec.get("shared_engine") or {}
+        if shared.get("position"):  # ran on another arm's engine start: its start figures
+            starts = entry.setdefault("shared_start_of", [])
+            if shared["started_by"] not in starts:
+                starts.append(shared["started_by"])
         measured = rec.get("measurements") or {}
         if measured.get("decode_regime"):
             regimes = entry.setdefault("decode_regime", [])
@@ -157,6 +164,8 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             arm_flags.append(f"FAILED {entry['n_failed']}/{counted}")
         if entry["contended"]:
             arm_flags.append("CONTENDED")
+        if entry.get("shared_start_of"):
+            arm_flags.append("SHARED START (" + ", ".join(entry["shared_start_of"]) + ")")
         entry["flags"] = arm_flags
         entry["metrics"] = {}
         for m in metrics:
@@ -309,6 +318,25 @@ def _dig(d: object, keys: tuple[str, ...]) -> float | None:
     return _number(d)
 
 
+# The unit of a search's capacity, by what it bisected over (docs/serving.md).
+CAPACITY_UNITS = {"request_rate": "req/s", "max_concurrency": "requests in flight",
+                  "users": "users"}
+
+
+def load_label(point: dict) -> str:
+    """How a load point reads in a table: ``4.0 req/s`` (``, <= 8 in flight``), ``16 users``;
+    and ``, 30 s`` when it ran for a duration."""
+    if point.get("users") is not None:
+        text = f"{point['users']} users"
+    else:
+        text = f"{point.get('request_rate')} req/s"
+        if point.get("max_concurrency") is not None:
+            text += f", <= {point['max_concurrency']} in flight"
+    if point.get("ends_by") == "duration_s":
+        text += f", {point.get('duration_limit_s'):g} s"
+    return text
+
+
 def summarize_serving(records: list[dict]) -> list[dict]:
     """One row per arm and load point of serving records: the median over passes of each of
     ``SERVING_COLUMNS`` (a percentile absent from the workload's ``percentiles`` is None)."""
@@ -323,6 +351,7 @@ def summarize_serving(records: list[dict]) -> list[dict]:
         for k, point in enumerate(points):
             row = rows.setdefault((arm_id, k), {
                 "arm": arm_id, "load_point": k, "request_rate": point.get("request_rate"),
+                "load": load_label(point),
                 "n": 0, "values": {c: [] for c, _ in SERVING_COLUMNS}})
             row["n"] += 1
             for col, keys in SERVING_COLUMNS:
@@ -338,6 +367,7 @@ def summarize_serving(records: list[dict]) -> list[dict]:
     for arm_id, found in searches.items():  # the SLO search: one row per arm, load_point None
         caps = [f["capacity"] for f in found if f.get("capacity") is not None]
         out.append({"arm": arm_id, "load_point": None, "request_rate": "search", "n": len(found),
+                    "over": found[0].get("over", "request_rate"),
                     "capacity": statistics.median(caps) if caps else None,
                     "brackets": [f.get("bracket") for f in found],
                     "percentile": found[0].get("percentile"), "slo": found[0].get("slo")})
@@ -355,14 +385,14 @@ def serving_markdown(rows: list[dict], labels: dict | None = None) -> str:
     labels = labels or {}
     cols = [c for c, _ in SERVING_COLUMNS]
     lines = ["", "## Serving load points", "",
-             "| arm | rate req/s | " + " | ".join(cols) + " | n |",
+             "| arm | load | " + " | ".join(cols) + " | n |",
              "|---|---:|" + "---:|" * len(cols) + "---:|"]
     searches = [r for r in rows if r["load_point"] is None]
     rows = [r for r in rows if r["load_point"] is not None]
     for r in rows:
         name = f"{labels[r['arm']]} ({r['arm']})" if r["arm"] in labels else r["arm"]
         cells = [_fmt(r["median"][c]) if r["median"][c] is not None else "-" for c in cols]
-        lines.append(f"| {name} | {r['request_rate']} | " + " | ".join(cells) + f" | {r['n']} |")
+        lines.append(f"| {name} | {r['load']} | " + " | ".join(cells) + f" | {r['n']} |")
     lines.append("")
     lines.append("Cells: median over passes. One engine start serves every load point of an arm, "
                  "in order; goodput: requests/s that met every SLO. Per-request samples are in "
@@ -370,8 +400,9 @@ def serving_markdown(rows: list[dict], labels: dict | None = None) -> str:
     for r in searches:
         name = f"{labels[r['arm']]} ({r['arm']})" if r["arm"] in labels else r["arm"]
         slo = ", ".join(f"{k} <= {v:g}" for k, v in (r["slo"] or {}).items())
-        cap = "below the search's low rate" if r["capacity"] is None else \
-            f"{_fmt(r['capacity'])} req/s"
+        unit = CAPACITY_UNITS[r["over"]]
+        cap = f"below the search's low {unit}" if r["capacity"] is None else \
+            f"{_fmt(r['capacity'])} {unit}"
         lines.append(f"- capacity of {name} at p{r['percentile']:g} {slo}: {cap} "
                      f"(brackets [met, failed]: {r['brackets']}; n={r['n']})")
     return "\n".join(lines) + "\n"

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 # The SLO keys a workload may name, and the per-request figure each bounds (milliseconds).
 SLO_METRICS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
@@ -27,19 +28,26 @@ SLO_METRICS = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 
-def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """Seconds after the start at which each of ``n`` requests is sent (non-decreasing)."""
-    if n < 0 or not rate > 0 or not burstiness > 0:
-        raise ValueError(f"need n >= 0, rate > 0, burstiness > 0; got {n}, {rate}, {burstiness}")
+def arrivals(rate: float, burstiness: float, seed: int) -> Iterator[float]:
+    """Seconds after the start at which each request is sent (non-decreasing, without end)."""
+    if not rate > 0 or not burstiness > 0:
+        raise ValueError(f"need rate > 0, burstiness > 0; got {rate}, {burstiness}")
     if math.isinf(rate):
-        return [0.0] * n
+        yield from itertools.repeat(0.0)
+        return
     rng = random.Random(seed)
     theta = 1.0 / (rate * burstiness)  # gamma mean = shape * scale = 1 / rate
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
+    t = 0.0
+    while True:
+        yield t
         t += rng.gammavariate(burstiness, theta)
-    return out
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """The first ``n`` of :func:`arrivals`."""
+    if n < 0:
+        raise ValueError(f"need n >= 0, got {n}")
+    return list(itertools.islice(arrivals(rate, burstiness, seed), n))
 
 
 def lengths(n: int, low: int, high: int | None, rng: random.Random) -> list[int]:
@@ -103,28 +111,48 @@ class Planned:
 Submit = Callable[[int, Planned], AsyncIterator[int]]
 
 
-async def drive(submit: Submit, plan: Sequence[Planned], offsets: Sequence[float], *,
-                max_concurrency: int | None = None,
+async def drive(submit: Submit, plan: Sequence[Planned] | Callable[[int], Planned],
+                offsets: Iterable[float] = (), *, users: int | None = None,
+                think_time_s: float = 0.0, num_requests: int | None = None,
+                duration_s: float | None = None, max_concurrency: int | None = None,
                 clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestTiming],
                                                                          float]:
-    """Send ``plan[i]`` at ``offsets[i]`` seconds after the start (at most ``max_concurrency``
-    in flight; a request held back waits, and its latency counts from when it is sent, as in
-    vllm bench serve), stream each to its end. Returns the timings (in plan order) and the
-    seconds from the start to the last output."""
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    timings = [RequestTiming(prompt_len=len(p.prompt), output_len=p.output_len) for p in plan]
+    """Send requests and stream each to its end; returns the timings (in the order sent) and
+    the seconds from the start to the last output.
+
+    ``plan``: the requests, or a function index -> request (drawn as they are needed).
+    Open loop (``users`` None): request i is sent ``offsets[i]`` seconds after the start, with
+    at most ``max_concurrency`` in flight (a request held back waits, and its latency counts
+    from when it is sent, as in vllm bench serve). Closed loop: ``users`` users each send a
+    request, wait for its last output and ``think_time_s``, and send the next.
+    Either ends after ``num_requests`` requests (default: ``len(plan)``) or, with
+    ``duration_s``, once that many seconds have passed since the start: no request is sent
+    after it, and those in flight finish and are counted."""
+    make = plan if callable(plan) else plan.__getitem__
+    if num_requests is None and duration_s is None:
+        num_requests = len(plan)  # type: ignore[arg-type]
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency and not users else None
+    timings: list[RequestTiming] = []
     start = clock()
 
-    async def one(i: int) -> None:
-        delay = start + offsets[i] - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if limit is not None:
-            await limit.acquire()
-        rec = timings[i]
+    def more() -> bool:
+        if num_requests is not None and len(timings) >= num_requests:
+            return False
+        return duration_s is None or clock() - start < duration_s
+
+    def send() -> Awaitable[None]:
+        """Request ``len(timings)``, sent now (its clock starts here); the coroutine streams
+        it to its end."""
+        i = len(timings)
+        planned = make(i)
+        rec = RequestTiming(prompt_len=len(planned.prompt), output_len=planned.output_len,
+                            sent=clock())
+        timings.append(rec)
+        return stream(i, planned, rec)
+
+    async def stream(i: int, planned: Planned, rec: RequestTiming) -> None:
         try:
-            rec.sent = clock()
-            async for new_tokens in submit(i, plan[i]):
+            async for new_tokens in submit(i, planned):
                 rec.chunks.append(clock())
                 rec.tokens += new_tokens
         except Exception as exc:  # a failed request is counted as failed, the run goes on
@@ -133,7 +161,31 @@ async def drive(submit: Submit, plan: Sequence[Planned], offsets: Sequence[float
             if limit is not None:
                 limit.release()
 
-    await asyncio.gather(*(one(i) for i in range(len(plan))))
+    if users:
+        async def user() -> None:
+            while more():
+                await send()
+                if think_time_s:
+                    await asyncio.sleep(think_time_s)
+
+        await asyncio.gather(*(user() for _ in range(users)))
+    else:
+        sent: list[asyncio.Future] = []
+        for offset in offsets:
+            if not more() or (duration_s is not None and offset >= duration_s):
+                break  # never wait for a request that will not be sent
+            delay = start + offset - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if limit is not None:
+                await limit.acquire()
+            if not more():
+                if limit is not None:
+                    limit.release()
+                break
+            sent.append(asyncio.ensure_future(send()))
+            await asyncio.sleep(0)  # the request starts now, not when the next one is due
+        await asyncio.gather(*sent)
     ends = [r.chunks[-1] for r in timings if r.chunks]
     return timings, (max(ends) - start) if ends else 0.0
 
@@ -223,17 +275,20 @@ def meets_slo(timings: Sequence[RequestTiming], slo: Mapping[str, float],
     return True
 
 
-def bisect_rate(probe: Callable[[float], bool], low: float, high: float, steps: int,
-                ) -> dict:
-    """The highest request rate in [low, high] at which ``probe(rate)`` (a short load point
-    meeting the SLO) holds, by bisection on a log scale (rates span decades): ``low`` first,
-    then ``high``, then ``steps`` midpoints. Returns ``capacity`` (the highest rate that met it,
-    None when even ``low`` did not), the final ``bracket`` [met, failed] and every ``probe``."""
+def bisect_load(probe: Callable[[float], bool], low: float, high: float, steps: int, *,
+                over: str = "request_rate") -> dict:
+    """The highest load in [low, high] at which ``probe(load)`` (a short load point meeting
+    the SLO) holds, by bisection on a log scale (loads span decades): ``low`` first, then
+    ``high``, then up to ``steps`` midpoints. A rate (``over`` request_rate) takes real
+    midpoints; a count (max_concurrency, users) takes whole ones and stops once the bracket's
+    ends are neighbours. Returns ``capacity`` (the highest load that met it, None when even
+    ``low`` did not), the final ``bracket`` [met, failed] and every ``probe``."""
+    whole = over != "request_rate"
     tried: list[dict] = []
 
-    def check(rate: float) -> bool:
-        ok = bool(probe(rate))
-        tried.append({"request_rate": rate, "meets_slo": ok})
+    def check(load: float) -> bool:
+        ok = bool(probe(load))
+        tried.append({over: load, "meets_slo": ok})
         return ok
 
     if not check(low):
@@ -243,6 +298,10 @@ def bisect_rate(probe: Callable[[float], bool], low: float, high: float, steps: 
     lo, hi = low, high
     for _ in range(steps):
         mid = math.sqrt(lo * hi)
+        if whole:
+            if hi - lo <= 1:
+                break
+            mid = min(max(round(mid), lo + 1), hi - 1)
         if check(mid):
             lo = mid
         else:

@@ -65,3 +65,47 @@ def test_two_rates_and_a_search_on_one_engine_start(tiny_model, run_arm):
     assert found["bracket"] == [max(met) if met else None, min(failed) if failed else None]
     if met and failed:  # bisected: 2 ends + 3 midpoints, the bracket 1000^(1/8) wide
         assert len(probes) == 5 and min(failed) / max(met) == pytest.approx(1000 ** 0.125)
+
+
+DURATION_S = 2.0
+
+
+def _overlap_peak(s) -> int:
+    """The most requests in flight at once, from the samples: at each request's send, those
+    sent no later whose last token had not come yet (itself included)."""
+    spans = [(t, t + e / 1e3) for t, e in zip(s["sent_s"], s["e2e_ms"])]
+    return max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+
+
+def test_closed_loop_users_for_a_duration_and_a_search_over_users(tiny_model, run_arm):
+    result = run_arm(tiny_model, timeout_s=840, stage={"max_num_seqs": 4}, workload={
+        "mode": "serving", "users": [1, 3], "duration_s": DURATION_S, "warmup_requests": 2,
+        "prompt_len": 16, "output_len": 8, "percentiles": [90], "detokenize": False,
+        "slo": {"ttft_ms": SLO_TTFT_MS},
+        "search": {"over": "users", "percentile": 90, "low": 1, "high": 16, "steps": 2}})
+    m = result["measurements"]
+    one, three = m["serving"]
+    assert (one["users"], three["users"]) == (1, 3)
+    for point in (one, three):
+        s = point["samples"]
+        assert point["ends_by"] == "duration_s" and point["duration_limit_s"] == DURATION_S
+        # nothing sent after the duration; whatever was in flight then ran to its end
+        assert max(s["sent_s"]) < DURATION_S
+        assert point["num_requests"] == point["completed"] == len(s["sent_s"]) > point["users"]
+        assert point["failed"] == 0 and s["output_tokens"] == [8] * point["num_requests"]
+    # one user: each request is sent once the one before it has its last token
+    s = one["samples"]
+    for i in range(len(s["sent_s"]) - 1):
+        assert s["sent_s"][i + 1] >= s["sent_s"][i] + s["e2e_ms"][i] / 1e3 - 2e-6, i
+    assert _overlap_peak(one["samples"]) == 1
+    assert _overlap_peak(three["samples"]) == 3
+
+    found = m["serving_search"]
+    assert found["over"] == "users"
+    for pr in found["probes"]:
+        assert isinstance(pr["users"], int) and pr["ends_by"] == "duration_s"
+        assert pr["meets_slo"] == (pr["ttft_ms"]["p90"] <= SLO_TTFT_MS), pr["ttft_ms"]
+    met = [pr["users"] for pr in found["probes"] if pr["meets_slo"]]
+    failed = [pr["users"] for pr in found["probes"] if not pr["meets_slo"]]
+    assert found["capacity"] == (max(met) if met else None) == m.get("capacity_users")
+    assert found["bracket"] == [max(met) if met else None, min(failed) if failed else None]

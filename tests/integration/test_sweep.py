@@ -145,3 +145,31 @@ def test_interrupted_run_resumes_without_losing_a_result(local_ray, tmp_path):
     for name, data in first.items():  # nothing finished before the interrupt was lost or redone
         if json.loads(data)["status"] == "ok":
             assert final[name] == data
+
+
+@pytest.mark.timeout(3 * ARM_TIMEOUT_S)  # one shared start, then two fresh ones
+def test_offline_arms_differing_in_workload_share_one_engine_start(local_ray, tmp_path):
+    axis = {"prompt_len": [8, 16]}
+    shared = omni_ray.run_sweep(sweep("share", matrix=axis), out=tmp_path / "on",
+                                allow_busy=True)
+    fresh = omni_ray.run_sweep(sweep("share", matrix=axis, placement={"share_engine": False}),
+                               out=tmp_path / "off", allow_busy=True)
+    for report in (shared, fresh):
+        assert len(report.records) == 2 and report.failed == 0, \
+            [r.get("error") for r in report.records]
+    first, second = sorted(shared.records, key=lambda r: r["shared_engine"]["position"])
+    # one engine process served both arms: the same pids, one start recorded, by the first
+    assert first["measurements"]["engine_pids"] == second["measurements"]["engine_pids"]
+    assert first["measurements"]["ready_s"] > 0 and "ready_s" not in second["measurements"]
+    assert second["shared_engine"]["started_by"] == first["arm"]["id"]
+    assert first["log_path"] == second["log_path"]
+    assert {r["config"]["workload"]["prompt_len"] for r in shared.records} == {8, 16}
+    # without sharing: a fresh process each, and the tokens are the shared engine's
+    a, b = fresh.records
+    assert set(a["measurements"]["engine_pids"]).isdisjoint(b["measurements"]["engine_pids"])
+    assert all(r["shared_engine"] is None and r["measurements"]["ready_s"] > 0
+               for r in fresh.records)
+    tokens = {r["arm"]["id"]: r["measurements"]["output_token_ids"] for r in fresh.records}
+    for r in shared.records:
+        assert r["measurements"]["output_token_ids"] == tokens[r["arm"]["id"]], r["arm"]["label"]
+        assert len(r["measurements"]["output_token_ids"]) == 8

@@ -31,6 +31,17 @@ def test_a_pipeline_arm_shows_its_last_stage_decode_and_end_to_end_time():
             "rss 700 MiB (bottleneck: stage 0)") in out.getvalue()
 
 
+def test_an_arm_on_a_shared_engine_says_whose_and_its_own_peak():
+    out = io.StringIO()
+    p = Progress(out, enabled=True)
+    p.start(2, 0, None)
+    p.record(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 900.0, "peak_rss_anon_mb": 490.4},
+        "shared_engine": {"position": 1, "started_by_label": "batch=4"}})
+    assert ("batch=1 pass 2: decode 900.0 tok/s, peak rss 490 MiB, on the engine batch=4 "
+            "started") in out.getvalue()
+
+
 def test_a_failed_arm_says_why():
     out = io.StringIO()
     p = Progress(out, enabled=True)

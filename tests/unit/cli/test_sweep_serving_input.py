@@ -15,6 +15,9 @@ INVALID = Path(__file__).resolve().parents[2] / "configs" / "invalid"
     ("serving_slo_unknown", "workload.slo.itl_ms: not a metric with an SLO"),
     ("serving_prompt_file_missing", "workload.prompt_file: no such prompt file"),
     ("serving_prompt_file_empty", "workload.prompt_file: holds no prompt"),
+    ("serving_users_with_rate", "workload.request_rate: has no meaning with users"),
+    ("serving_duration_inf_unbounded", "workload.request_rate: inf with duration_s"),
+    ("serving_search_over_fraction", "workload.search.low: must be an integer, got 1.5"),
 ])
 def test_sweep_refuses_in_one_line(user_error, name, field):
     path = INVALID / f"{name}.yaml"

@@ -280,3 +280,25 @@ def test_an_engine_log_is_read_by_whole_lines_as_it_grows(tmp_path):
         f.write('_s": 12.5}\n')
     assert log.read() == {"decode_tok_s": 12.5}
     assert log.read() == {}  # said once
+
+
+def test_a_warm_start_of_a_shared_engine_primes_without_any_workload(monkeypatch, tmp_path):
+    import dataclasses
+
+    from omni_ray.config import WorkloadConfig
+    from omni_ray.engines.request import EngineRequest
+
+    seen = []
+
+    def run_engine(req, workdir, name, **kw):
+        seen.append(req)
+        return {"status": "ok", "wall_s": 1.0}
+
+    monkeypatch.setattr(launch, "run_engine", run_engine)
+    req = EngineRequest.from_dict({"model": "tiny", "stage": {"kv_cache_mib": 64},
+                                   "workload": {"prompt_len": 8}})
+    req = dataclasses.replace(req, then=(WorkloadConfig(prompt_len=16),))
+    launch.launch_arm(req, tmp_path, "a", timeout_s=60, warm_start=True)
+    prime, run = seen
+    assert (prime.workload, prime.then) == (None, ())
+    assert run.then == (WorkloadConfig(prompt_len=16),)

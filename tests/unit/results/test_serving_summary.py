@@ -25,7 +25,7 @@ def test_rows_are_medians_over_passes_per_load_point():
     assert rows[0]["median"]["TTFT p99 ms"] == 20.0
     assert rows[0]["median"]["KV peak %"] == 25.0
     text = serving_markdown(rows, {"a": "base"})
-    assert "| base (a) | 4.0 |" in text and "| base (a) | inf |" in text
+    assert "| base (a) | 4.0 req/s |" in text and "| base (a) | inf req/s |" in text
 
 
 def test_no_serving_records_no_table():
@@ -69,3 +69,17 @@ def test_a_serving_run_directory_gives_summary_and_report(tmp_path):
     assert "## Serving load points" in text and "capacity of base" in text
     html = write_report([tmp_path]).read_text()
     assert "Serving load points" in html and "42" in html
+
+
+def test_closed_loop_points_and_a_concurrency_search_read_as_such():
+    rec = _record("a", 10.0)
+    users = dict(rec["measurements"]["serving"][0], users=8, think_time_s=0.0,
+                 ends_by="duration_s", duration_limit_s=5.0)
+    del users["request_rate"]
+    rec["measurements"]["serving"] = [users]
+    rec["measurements"]["serving_search"] = {"over": "max_concurrency", "percentile": 99.0,
+                                             "slo": {"ttft_ms": 500.0}, "capacity": 6,
+                                             "bracket": [6, 7]}
+    text = serving_markdown(summarize_serving([rec]), {"a": "base"})
+    assert "| base (a) | 8 users, 5 s |" in text
+    assert "- capacity of base (a) at p99 ttft_ms <= 500: 6 requests in flight" in text

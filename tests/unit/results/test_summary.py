@@ -111,3 +111,15 @@ def test_to_markdown():
     assert lines[4] == "| c | 5 (0.0%) | - | 1 | CONTENDED, SINGLE PASS |"
     assert "NOISY: spread > 8%" in md
     assert "- NOT A RANKING: rss: a 1001 vs b 1000.8 differ by 0.25" in md
+
+
+def test_an_arm_on_another_arms_engine_start_says_whose():
+    about = {"started_by": "a", "arms": ["a", "b"]}
+    recs = [{"arm": {"id": "a"}, "measurements": {"ready_s": 9.0, "decode_s": 1.0},
+             "shared_engine": about | {"position": 0}},
+            {"arm": {"id": "b"}, "measurements": {"decode_s": 2.0},
+             "shared_engine": about | {"position": 1}}]
+    s = summarize_arms(recs, ["ready_s", "decode_s"])
+    assert s["arms"]["a"]["flags"] == [] and s["arms"]["b"]["flags"] == ["SHARED START (a)"]
+    assert s["arms"]["b"]["metrics"]["ready_s"] is None  # the start is a's, not copied
+    assert "| SHARED START (a)" in to_markdown(s).splitlines()[3]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 import statistics
@@ -131,7 +132,7 @@ def test_meets_slo_at_the_percentile():
 
 @pytest.mark.parametrize("capacity", [0.7, 3.3, 20.0, 63.0])
 def test_bisection_brackets_the_capacity(capacity):
-    out = sv.bisect_rate(lambda rate: rate <= capacity, 0.5, 64.0, steps=8)
+    out = sv.bisect_load(lambda rate: rate <= capacity, 0.5, 64.0, steps=8)
     met, failed = out["bracket"]
     assert met <= capacity < failed and failed / met < 1.05
     assert out["capacity"] == met
@@ -140,6 +141,131 @@ def test_bisection_brackets_the_capacity(capacity):
 
 
 def test_bisection_ends_early_outside_the_range():
-    assert sv.bisect_rate(lambda r: False, 1, 8, 5) == {
+    assert sv.bisect_load(lambda r: False, 1, 8, 5) == {
         "capacity": None, "bracket": [None, 1], "probes": [{"request_rate": 1, "meets_slo": False}]}
-    assert sv.bisect_rate(lambda r: True, 1, 8, 5)["capacity"] == 8
+    assert sv.bisect_load(lambda r: True, 1, 8, 5)["capacity"] == 8
+
+
+class FakeClock:
+    """Time that passes only when a fake engine streams a token (one unit each)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _engine(clock, log):
+    """A fake engine: each output token takes one unit of ``clock``; ``log`` gets
+    ("start"|"end", index) in the order they happen."""
+    def submit(i, planned):
+        async def stream():
+            log.append(("start", i))
+            for _ in range(planned.output_len):
+                await asyncio.sleep(0)
+                clock.now += 1.0
+                yield 1
+            log.append(("end", i))
+        return stream()
+    return submit
+
+
+def _in_flight_peak(log):
+    now = peak = 0
+    for kind, _ in log:
+        now += 1 if kind == "start" else -1
+        peak = max(peak, now)
+    return peak
+
+
+def test_closed_loop_users_send_when_their_reply_came():
+    clock, log = FakeClock(), []
+    timings, _ = asyncio.run(sv.drive(_engine(clock, log), lambda i: sv.Planned([1, 2], 3),
+                                      users=3, num_requests=10, clock=clock))
+    assert len(timings) == 10 and all(t.tokens == 3 and not t.error for t in timings)
+    assert _in_flight_peak(log) == 3
+    # the first three start at once; every later request starts right after a reply (its
+    # user's: no think time), never while three are in flight
+    assert [k for k, _ in log[:3]] == ["start"] * 3
+    later = log[3:]
+    for j, (kind, _) in enumerate(later):
+        if kind == "start":
+            assert later[j - 1][0] == "end", log
+
+
+def test_closed_loop_think_time_leaves_a_gap():
+    log = []
+    timings, _ = asyncio.run(sv.drive(_engine(FakeClock(), log),
+                                      lambda i: sv.Planned([1], 2), users=1, num_requests=3,
+                                      think_time_s=0.01))
+    # one user: strictly one request at a time, each sent after the last one's end
+    assert [k for k, _ in log] == ["start", "end"] * 3
+    assert all(b.sent >= a.chunks[-1] + 0.01 for a, b in zip(timings, timings[1:]))
+
+
+def test_closed_loop_for_a_duration_finishes_what_is_in_flight():
+    clock, log = FakeClock(), []
+    drawn = []
+
+    def make(i):
+        drawn.append(i)
+        return sv.Planned([1], 4)
+
+    timings, duration = asyncio.run(sv.drive(_engine(clock, log), make, users=2,
+                                             duration_s=10.0, clock=clock))
+    # nothing is sent at or after 10 units; what was in flight then ran to its end
+    assert all(t.sent < 10.0 for t in timings)
+    assert all(t.tokens == 4 for t in timings)
+    assert max(t.chunks[-1] for t in timings) >= 10.0 and duration == clock.now
+    assert drawn == list(range(len(timings)))  # drawn only as sent, each once
+    assert len(timings) > 2 and _in_flight_peak(log) == 2  # each user sent more than one
+
+
+def test_open_loop_for_a_duration_stops_sending_from_an_endless_schedule():
+    clock, log = FakeClock(), []
+    offsets = itertools.count(0.0, 0.0)  # all due at once, without end
+    timings, _ = asyncio.run(sv.drive(_engine(clock, log), lambda i: sv.Planned([1], 2),
+                                      offsets, duration_s=5.0, max_concurrency=2,
+                                      clock=clock))
+    assert timings and all(t.sent < 5.0 and t.tokens == 2 for t in timings)
+    assert _in_flight_peak(log) == 2
+
+
+def test_open_loop_for_a_duration_on_a_real_clock():
+    submit = _engine(FakeClock(), [])
+    timings, _ = asyncio.run(sv.drive(submit, lambda i: sv.Planned([1], 2),
+                                      itertools.count(0.0, 0.01), duration_s=0.1))
+    # offsets 0, 0.01, ... 0.09 fall inside the duration: at most those ten are sent
+    assert 1 <= len(timings) <= 10 and all(t.tokens == 2 for t in timings)
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 7, 33, 63])
+def test_bisection_over_a_count_ends_on_neighbours(capacity):
+    out = sv.bisect_load(lambda n: n <= capacity, 1, 64, steps=10, over="max_concurrency")
+    met, failed = out["bracket"]
+    assert out["capacity"] == met == capacity and failed == capacity + 1
+    assert all(isinstance(p["max_concurrency"], int) for p in out["probes"])
+    assert len({p["max_concurrency"] for p in out["probes"]}) == len(out["probes"])  # none twice
+    assert len(out["probes"]) <= 2 + 10
+
+
+def test_bisection_over_users_with_few_steps_keeps_a_bracket():
+    out = sv.bisect_load(lambda n: n <= 40, 1, 1000, steps=2, over="users")
+    met, failed = out["bracket"]
+    assert met <= 40 < failed and len(out["probes"]) == 4
+    assert [p["users"] for p in out["probes"][:2]] == [1, 1000]
+
+
+def test_open_loop_ends_without_waiting_for_the_next_arrival():
+    clock, log = FakeClock(), []
+    # the next request would be due 1000 units after the last: not waited for, it is not sent
+    offsets = itertools.chain([0.0, 0.0], itertools.repeat(1000.0))
+    timings, _ = asyncio.run(asyncio.wait_for(sv.drive(
+        _engine(clock, log), lambda i: sv.Planned([1], 2), offsets, num_requests=2,
+        clock=clock), timeout=30))
+    assert len(timings) == 2
+    timings, _ = asyncio.run(asyncio.wait_for(sv.drive(
+        _engine(clock, log), lambda i: sv.Planned([1], 2), [0.0, 1e9], duration_s=5.0,
+        clock=clock), timeout=30))
+    assert len(timings) == 1
