@@ -46,9 +46,13 @@ ENGINE_REQUIRED = {"vllm": ("kv_cache_mib",), "llamacpp": (), "transformers": ()
 _COMMON_STAGE = ("model", "engine", "dtype", "quantization", "max_model_len", "env")
 ENGINE_STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "vllm": tuple(STAGE_FIELDS),
-    "llamacpp": _COMMON_STAGE,
+    "llamacpp": _COMMON_STAGE + ("engine_args",),
     "transformers": _COMMON_STAGE,
 }
+# What ``engine_args`` holds on a llama.cpp arm: the settings its users tune, each one value or a
+# list the engine tries, keeping the fastest per test (none given: flash attention on and off,
+# all the slot's CPUs and half of them as threads).
+LLAMACPP_ENGINE_ARGS = {"flash_attn": ("on", "off", "auto"), "threads": None}
 # quantization values per engine (None: the dtype's weights as they are)
 ENGINE_QUANTIZATION: dict[str, tuple[str | None, ...]] = {
     "vllm": (None, "cpu_int4"),
@@ -490,11 +494,32 @@ def check_engine_fields(stage: StageConfig, where: Where, which: str = "") -> No
             raise (where / key).error(f"has no meaning for engine {engine} "
                                       f"({_NO_MEANING_WHY.get(key, 'it does not use it')}); "
                                       f"leave it out{which}", thaw(value))
+    if engine == "llamacpp":
+        check_llamacpp_args(stage.engine_args, where / "engine_args", which)
     if stage.quantization not in ENGINE_QUANTIZATION[engine]:
         allowed = ", ".join(str(q) for q in ENGINE_QUANTIZATION[engine] if q) or "none"
         raise (where / "quantization").error(
             f"not a quantization of engine {engine} (allowed: {allowed}){which}",
             stage.quantization)
+
+
+def check_llamacpp_args(args, where: Where, which: str = "") -> None:
+    """``engine_args`` of a llama.cpp arm: ``flash_attn`` (on/off/auto) and ``threads`` (>= 1),
+    each one value or a non-empty list of them."""
+    for key, value in args.items():
+        if key not in LLAMACPP_ENGINE_ARGS:
+            raise (where / key).error(
+                f"not a llama.cpp setting (allowed: {', '.join(LLAMACPP_ENGINE_ARGS)}){which}",
+                thaw(value))
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        allowed = LLAMACPP_ENGINE_ARGS[key]
+        # YAML reads a bare on/off as true/false: both mean the setting's name
+        ok = bool(values) and all(
+            (isinstance(v, bool) or v in allowed) if allowed
+            else isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+        if not ok:
+            want = f"one of {', '.join(allowed)}" if allowed else "a thread count >= 1"
+            raise (where / key).error(f"must be {want}, or a list of them{which}", thaw(value))
 
 
 def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Where,

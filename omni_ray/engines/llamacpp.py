@@ -13,13 +13,20 @@ is what vLLM's decode-by-difference measures. Two runs per arm:
 - prefill: ``-p prompt_len -n 0``: ``prefill_tok_s``; ``ttft_s`` is that run's mean time;
 - decode: ``-p 0 -n output_len -d prompt_len``: ``decode_tok_s`` after ``prompt_len`` tokens.
 
-Both with ``-r repeats`` (llama-bench's mean), its own warm-up unless ``warmup: 0``, ``-t`` one
-thread per slot CPU, and ``-lm none``: weights are read into anonymous memory, not mmap'ed from
+Both with ``-r repeats``, its own warm-up unless ``warmup: 0``, and ``-lm none``: weights are read into anonymous memory, not mmap'ed from
 the file, so the engine tree's RssAnon holds them as it holds vLLM's (mmap'ed they would be file
 pages, invisible to RssAnon). llama-bench inherits the runner's pinning and memory binding; its
 threads are read back while it runs. It loads the model per run, so there is no "ready" state:
 ``rss_anon_tree_mb`` is the tree's peak RssAnon during the decode run (weights, KV cache, compute
 buffers), and ``ready_s``, ``init_s``, ``import_s`` are absent.
+
+llama.cpp at its best, as its users run it: each run tries the settings they tune, flash
+attention on and off (``-fa``: its default ``auto`` can pick the slower path) and the slot's
+CPU count and half of it as threads, in one llama-bench invocation, and the arm's figure is the
+fastest setting's, per test (prefill and decode may differ). ``stage.engine_args`` narrows it
+(``{flash_attn: off, threads: 2}``: that one setting). The record says which setting won
+(``llamacpp_setting``, ``llamacpp_prefill_setting``) and what every one gave
+(``llamacpp_tried``).
 """
 
 from __future__ import annotations
@@ -67,15 +74,16 @@ class LlamaCppEngine:
         return {"gguf_bytes": self.gguf.stat().st_size, "threads": slot_threads(session.req)}
 
     def _bench(self, session: Session, label: str, **tests) -> dict:
-        """One llama-bench run in a child of this (pinned) process, sampled as the tree; its
-        one JSON record."""
+        """One llama-bench run over the tuned settings in a child of this (pinned) process,
+        sampled as the tree; the fastest setting's JSON record, with ``tried``."""
         from omni_ray.peers import llamacpp
 
         wl = session.req.workload
+        threads, flash_attn = tuned_settings(session.req.stage, slot_threads(session.req))
         extra = ["-lm", "none", *(["--no-warmup"] if wl.warmup == 0 else [])]
-        cmd = llamacpp.bench_command(self.llama.llama_bench, self.gguf,
-                                     threads=slot_threads(session.req),
-                                     repetitions=wl.repeats, extra_args=extra, **tests)
+        cmd = llamacpp.bench_command(self.llama.llama_bench, self.gguf, threads=threads,
+                                     flash_attn=flash_attn, repetitions=wl.repeats,
+                                     extra_args=extra, **tests)
         work = Path(tempfile.mkdtemp(prefix="omni-llama-bench-"))  # parsed into the result
         raw, err = work / f"llama-bench-{label}.json", work / f"llama-bench-{label}.log"
         session.sampler.mark(f"{label}_start")
@@ -89,8 +97,8 @@ class LlamaCppEngine:
             tail = err.read_text(errors="replace").strip().splitlines()[-3:]
             raise RuntimeError(f"llama-bench {label} exited with {proc.returncode}: "
                                f"{' | '.join(tail)}")
-        (record,) = llamacpp.parse_bench_json(raw.read_text(), cmd)
-        record = record.as_dict()
+        records = [r.as_dict() for r in llamacpp.parse_bench_json(raw.read_text(), cmd)]
+        (record,) = llamacpp.best_settings(records)  # one test per run: its fastest setting
         self.runs.append({"label": label, "pid": proc.pid, **record})
         return record
 
@@ -112,7 +120,9 @@ class LlamaCppEngine:
             decode_tok_s_samples=list(dec["samples_ts"]),
             rss_anon_tree_mb=session.sampler.peak_anon_mb("decode_start", "decode_end"),
             engine_pids=[r["pid"] for r in self.runs],
-            llamacpp_setting=llamacpp_setting(dec),
+            llamacpp_setting=dec["setting_label"],
+            llamacpp_prefill_setting=pre["setting_label"],
+            llamacpp_tried={"prefill": pre["tried"], "decode": dec["tried"]},
         )
         out.update(decode_regime(session.model_path, session.req.cpus,
                                  weight_bytes=self.gguf.stat().st_size))
@@ -130,10 +140,23 @@ def _median_ts(record: dict) -> float:
     return statistics.median(record["samples_ts"]) if record["samples_ts"] else record["avg_ts"]
 
 
-def llamacpp_setting(record: dict) -> str:
-    from omni_ray.peers.llamacpp import setting, setting_label
+def tuned_settings(stage, n_cpus: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The thread counts and flash-attention settings an arm tries: ``stage.engine_args``'
+    (checked by the config), else what llama.cpp's users tune on a slot of ``n_cpus``."""
+    from omni_ray.peers.llamacpp import TUNED_FLASH_ATTN, flash_attn_name, thread_candidates
 
-    return setting_label(setting(record))
+    def listed(value) -> list:
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    args = stage.engine_args
+    threads = (tuple(dict.fromkeys(listed(args["threads"]))) if "threads" in args
+               else thread_candidates(n_cpus))
+    if max(threads) > n_cpus:
+        raise RuntimeError(f"llama.cpp engine_args.threads {list(threads)}: the slot has "
+                           f"{n_cpus} CPU(s)")
+    flash_attn = (tuple(dict.fromkeys(flash_attn_name(v) for v in listed(args["flash_attn"])))
+                  if "flash_attn" in args else TUNED_FLASH_ATTN)
+    return threads, flash_attn
 
 
 ENGINE = LlamaCppEngine

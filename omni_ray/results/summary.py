@@ -148,6 +148,11 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             regimes = entry.setdefault("decode_regime", [])
             if measured["decode_regime"] not in regimes:
                 regimes.append(measured["decode_regime"])
+        for figure, key in (("prefill", "llamacpp_prefill_setting"),
+                            ("decode", "llamacpp_setting")):
+            if measured.get(key):  # llama.cpp's fastest setting, per pass: how often each won
+                won = entry.setdefault("llamacpp_settings", {}).setdefault(figure, {})
+                won[measured[key]] = won.get(measured[key], 0) + 1
         hw = hardware(rec.get("provenance"))
         if hw and hw not in entry.setdefault("hardware", []):
             entry["hardware"].append(hw)
@@ -289,6 +294,15 @@ def to_markdown(summary: dict) -> str:
                 "LLC of the CPUs used, else DRAM-bound.\n")
     for hw in summary.get("hardware") or []:
         out += f"CPU: {hw}\n"
+    won = {arm_id: e["llamacpp_settings"] for arm_id, e in summary["arms"].items()
+           if e.get("llamacpp_settings")}
+    if won:
+        out += "\nllama.cpp at its best (the setting that won, passes it won):\n"
+        for arm_id, figures in won.items():
+            text = "; ".join(f"{figure} " + ", ".join(f"{label} {n}x" for label, n in
+                                                      sorted(counts.items(), key=lambda c: -c[1]))
+                             for figure, counts in figures.items())
+            out += f"- {labels.get(arm_id, arm_id)} ({arm_id}): {text}\n"
     if summary["notes"]:
         out += "\n" + "\n".join(f"- {n['note']}" for n in summary["notes"]) + "\n"
     return out

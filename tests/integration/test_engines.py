@@ -62,6 +62,13 @@ def test_one_sweep_runs_vllm_llamacpp_and_transformers_arms(llamacpp_buildable, 
     # llama-bench ran as a child of the pinned runner, and its threads were read back
     assert recs["llamacpp"]["pinning"]["processes"] >= 2
     assert recs["llamacpp"]["engine_report"]["llamacpp"]["runs"][1]["n_depth"] == 16
+    # llama.cpp at its best: -fa on and off tried (one thread: the slot has one CPU), the figure
+    # is the fastest setting's and the record names it
+    llama = recs["llamacpp"]["measurements"]
+    tried = llama["llamacpp_tried"]["decode"]
+    assert sorted(t["setting"]["flash_attn"] for t in tried) == ["off", "on"]
+    best = max(tried, key=lambda t: t["avg_ts"])["setting"]
+    assert llama["llamacpp_setting"] == f"-fa {best['flash_attn']} -t {best['threads']}"
     assert recs["vllm"]["measurements"]["kv_cache_tokens"] > 0
     summary = report.summaries["engines"]
     assert set(summary["arms"]) == {a.id for a in report.arms}

@@ -18,21 +18,30 @@ from omni_ray.engines.request import EngineRequest
 
 FIXTURE = Path(__file__).resolve().parents[1] / "peers" / "fixtures" / "llama_bench_tiny_q4_0.json"
 
-# Answers one test like llama-bench -o json: samples 100, 300, 200 tok/s for prefill (-n 0),
-# 10, 30, 20 for decode; the argv is kept beside it for the test to read.
+# Answers one test like llama-bench -o json, one row per thread count and -fa setting: at 2
+# threads with the test's faster setting (prefill: -fa on, decode: -fa off) samples 100, 300,
+# 200 tok/s for prefill (-n 0) and 10, 30, 20 for decode; less at every other setting. The argv
+# is kept beside it for the test to read.
 FAKE = """#!{python}
 import json, sys
 args = sys.argv[1:]
 value = lambda flag: args[args.index(flag) + 1]
-row = json.load(open({fixture!r}))[0]
-row.update(n_prompt=int(value("-p")), n_gen=int(value("-n")),
-           n_depth=int(value("-d")) if "-d" in args else 0, n_threads=int(value("-t")))
-row["samples_ts"] = [100.0, 300.0, 200.0] if row["n_gen"] == 0 else [10.0, 30.0, 20.0]
-row["avg_ts"] = sum(row["samples_ts"]) / 3
+base = json.load(open({fixture!r}))[0]
+rows = []
+for t in value("-t").split(","):
+    for fa in (value("-fa") if "-fa" in args else "auto").split(","):
+        row = dict(base, n_prompt=int(value("-p")), n_gen=int(value("-n")),
+                   n_depth=int(value("-d")) if "-d" in args else 0, n_threads=int(t),
+                   flash_attn={{"on": 1, "off": 0, "auto": -1}}[fa])
+        prefill = row["n_gen"] == 0
+        scale = int(t) / 2 * (1.0 if (fa == "on") == prefill else 0.5)
+        row["samples_ts"] = [x * scale for x in ([100.0, 300.0, 200.0] if prefill
+                                                 else [10.0, 30.0, 20.0])]
+        row["avg_ts"] = sum(row["samples_ts"]) / 3
+        rows.append(row)
 open({argv_log!r}, "a").write(json.dumps(args) + "\\n")
-print(json.dumps([row]))
+print(json.dumps(rows))
 """
-
 
 class Sampler:
     def __init__(self) -> None:
@@ -75,15 +84,43 @@ def test_llamacpp_reports_vllms_metric_names_as_medians(engine, tmp_path):
     assert len(m["engine_pids"]) == 2 and reads  # pinning read while llama-bench ran
     assert session.sampler.marks == ["prefill_start", "prefill_end", "decode_start", "decode_end"]
     prefill, decode = [json.loads(line) for line in argv_log.read_text().splitlines()]
-    # weights into anonymous memory, one thread per slot CPU, no warm-up when warmup is 0
+    # weights into anonymous memory, no warm-up when warmup is 0, and the settings users tune:
+    # half and all of the slot's CPUs as threads, flash attention on and off
     for argv in (prefill, decode):
-        assert argv[argv.index("-lm") + 1] == "none" and argv[argv.index("-t") + 1] == "2"
+        assert argv[argv.index("-lm") + 1] == "none" and argv[argv.index("-t") + 1] == "1,2"
+        assert argv[argv.index("-fa") + 1] == "on,off"
         assert "--no-warmup" in argv and argv[argv.index("-r") + 1] == "3"
+    # each test's figure is its fastest setting's, and the record says which won of what
+    assert m["llamacpp_prefill_setting"] == "-fa on -t 2"
+    assert m["llamacpp_setting"] == "-fa off -t 2"
+    assert len(m["llamacpp_tried"]["decode"]) == 4
+    assert max(t["avg_ts"] for t in m["llamacpp_tried"]["decode"]) == 20.0
     assert (prefill[prefill.index("-p") + 1], prefill[prefill.index("-n") + 1]) == ("64", "0")
     assert "-d" not in prefill
     # decode after prompt_len tokens of context, as vLLM's decode by difference
     assert (decode[decode.index("-p") + 1], decode[decode.index("-n") + 1],
             decode[decode.index("-d") + 1]) == ("0", "8", "64")
+
+
+def test_engine_args_narrow_the_settings_tried(engine, tmp_path):
+    eng, argv_log = engine
+    stage = StageConfig(model="tiny", engine="llamacpp",
+                        engine_args={"flash_attn": True, "threads": [2]})  # YAML's bare `on`
+    req = EngineRequest(stage=stage, workload=WorkloadConfig(prompt_len=64, output_len=8,
+                                                             detokenize=False), cpus=(0, 1))
+    m = eng.run(Session(req, str(tmp_path), Sampler(), lambda: None))
+    argv = json.loads(argv_log.read_text().splitlines()[0])
+    assert (argv[argv.index("-t") + 1], argv[argv.index("-fa") + 1]) == ("2", "on")
+    # decode's faster setting was not tried: its figure is the one setting's
+    assert m["llamacpp_setting"] == "-fa on -t 2" and m["decode_tok_s"] == 10.0
+
+
+def test_more_threads_than_the_slot_has_is_an_error(engine, tmp_path):
+    eng, _ = engine
+    stage = StageConfig(model="tiny", engine="llamacpp", engine_args={"threads": [4]})
+    req = EngineRequest(stage=stage, workload=WorkloadConfig(detokenize=False), cpus=(0, 1))
+    with pytest.raises(RuntimeError, match=r"threads \[4\]: the slot has 2 CPU"):
+        eng.run(Session(req, str(tmp_path), Sampler(), lambda: None))
 
 
 def test_a_failing_llama_bench_raises_with_its_stderr(engine, tmp_path):

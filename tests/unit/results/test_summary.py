@@ -123,3 +123,19 @@ def test_an_arm_on_another_arms_engine_start_says_whose():
     assert s["arms"]["a"]["flags"] == [] and s["arms"]["b"]["flags"] == ["SHARED START (a)"]
     assert s["arms"]["b"]["metrics"]["ready_s"] is None  # the start is a's, not copied
     assert "| SHARED START (a)" in to_markdown(s).splitlines()[3]
+
+
+def test_llamacpp_arms_say_which_setting_won_how_often():
+    def rec(pass_, decode_setting):
+        return {"arm": {"id": "q4"}, "pass": pass_,
+                "measurements": {"decode_tok_s": 100.0 + pass_,
+                                 "llamacpp_prefill_setting": "-fa on -t 2",
+                                 "llamacpp_setting": decode_setting}}
+
+    s = summarize_arms([rec(0, "-fa off -t 2"), rec(1, "-fa on -t 2"), rec(2, "-fa off -t 2"),
+                        record("vllm", 0, decode_tok_s=90.0)], ["decode_tok_s"])
+    assert s["arms"]["q4"]["llamacpp_settings"] == {
+        "prefill": {"-fa on -t 2": 3}, "decode": {"-fa off -t 2": 2, "-fa on -t 2": 1}}
+    assert "llamacpp_settings" not in s["arms"]["vllm"]
+    md = to_markdown(s)
+    assert "- q4 (q4): prefill -fa on -t 2 3x; decode -fa off -t 2 2x, -fa on -t 2 1x" in md
