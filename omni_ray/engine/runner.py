@@ -107,6 +107,8 @@ def run(req: EngineRequest) -> dict:
                 peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
                 engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]))
         m.update(facts)
+        if os.environ.get("LD_PRELOAD"):
+            m["preloaded"] = preloaded(os.environ["LD_PRELOAD"])
         if req.go_file:  # a replica: loaded, it measures with the others (then says so)
             m.update(wait_for_go(req.go_file, req.go_timeout_s))
         else:
@@ -169,6 +171,45 @@ def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
     return {"status": "ok", "measurements": m}
 
 
+# What the dynamic loader reads once, when a process starts: set later, they change only the
+# children (vLLM does set LD_PRELOAD for its EngineCore; an in-process engine never gets it). A
+# stage env that sets one starts the runner again with it (exec_for_loader).
+LOADER_VARS = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+# In a stage env value: the engine's Python prefix, e.g. {python_prefix}/lib/libiomp5.so for the
+# Intel OpenMP runtime the intel-openmp wheel puts in the virtual environment.
+PYTHON_PREFIX = "{python_prefix}"
+
+
+def with_prefix(env: dict[str, str]) -> dict[str, str]:
+    return {k: v.replace(PYTHON_PREFIX, sys.prefix) for k, v in env.items()}
+
+
+def exec_for_loader(env: dict[str, str], argv: list[str]) -> None:
+    """Start this process again (same pid, same module and arguments) with ``env``'s loader
+    variables, when they differ from the ones it started with; else return."""
+    if all(env.get(k, os.environ.get(k)) == os.environ.get(k) for k in LOADER_VARS):
+        return
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    cmd = ([sys.executable, "-m", spec.name] if spec is not None and spec.name
+           else [sys.executable, sys.argv[0]])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [*cmd, *argv], os.environ | env)
+
+
+def preloaded(ld_preload: str) -> dict[str, str | None]:
+    """Each LD_PRELOAD entry -> the file this process has mapped for it (None: not loaded)."""
+    with open("/proc/self/maps") as f:
+        mapped = {line.split()[-1] for line in f if "/" in line}
+    out = {}
+    for entry in (e for e in ld_preload.replace(" ", ":").split(":") if e):
+        name = os.path.basename(entry)
+        # the loader maps a symlink's target: libtcmalloc_minimal.so.4 -> ...so.4.5.10
+        out[entry] = next((p for p in sorted(mapped) if os.path.basename(p) == name
+                           or os.path.basename(p).startswith(name + ".")), None)
+    return out
+
+
 def serve(run_fn, argv: list[str] | None = None, adjust=None, typed: bool = True) -> None:
     """``REQ.json OUT.json``: run ``run_fn(req)`` in this fresh process, write its result
     atomically (a failure becomes a result too) and exit. The request is read back as an
@@ -184,7 +225,9 @@ def serve(run_fn, argv: list[str] | None = None, adjust=None, typed: bool = True
         if adjust is not None:
             data = adjust(data)
         req = EngineRequest.from_dict(data)
-        os.environ.update(load_engine(req.engine)().environment(req))
+        env = with_prefix(load_engine(req.engine)().environment(req))
+        exec_for_loader(env, argv)  # returns only when the loader already has what env asks
+        os.environ.update(env)
         result = run_fn(req if typed else data)
         code = 0
     except BaseException as exc:  # recorded, then the launcher decides; nothing is lost
