@@ -19,7 +19,8 @@ from omni_ray.engines import PHASE_MARK, Session, load_engine
 from omni_ray.engines.request import EngineRequest
 from omni_ray.lifetime import die_with_parent
 from omni_ray.measure.cpuload import NeighbourLoad
-from omni_ray.measure.pinning import affinity_tree, bind_slot_memory, pin_all_threads, violations
+from omni_ray.measure.pinning import (affinity_tree, bind_slot_memory, normal_priority,
+                                      pin_all_threads, violations)
 from omni_ray.measure.sampler import TreeSampler, self_rss_anon_mb
 from omni_ray.topology.sysfs import format_cpulist
 
@@ -83,7 +84,8 @@ def run(req: EngineRequest) -> dict:
     me = psutil.Process()
     model_path = str(resolve_model(req.model))
     cpus = list(req.cpus) if req.cpus else None
-    pinning: dict = {"requested_cpus": cpus, "node": req.node}
+    pinning: dict = {"requested_cpus": cpus, "node": req.node,
+                     "priority": normal_priority()}  # before any thread of the engine starts
     if cpus:
         pinning["pinned_tids"] = len(pin_all_threads(cpus))
     if req.node is not None:

@@ -119,3 +119,29 @@ def test_a_simulated_node_the_kernel_has_with_the_slots_cpus_is_bound():
     result, policy = _in_thread(lambda: pinning.bind_slot_memory(0, [0], simulated=True,
                                                                  kernel_cpus=frozenset({0, 1})))
     assert result and result.simulated and policy == (MPOL_BIND, [0])
+
+
+def test_normal_priority_takes_back_a_niceness_ray_gave(tmp_path):
+    """A child started at niceness 15 (as Ray starts its workers) runs at 0 after the call,
+    every thread of it, when it may (root); otherwise it says it stayed."""
+    import subprocess
+    import sys
+
+    code = ("import os, threading, json\n"
+            "from omni_ray.measure.pinning import normal_priority\n"
+            "t = threading.Thread(target=lambda: __import__('time').sleep(2)); t.start()\n"
+            "r = normal_priority()\n"
+            "tids = os.listdir('/proc/self/task')\n"
+            "r['threads'] = sorted({os.getpriority(os.PRIO_PROCESS, int(x)) for x in tids})\n"
+            "print(json.dumps(r))\n")
+    out = subprocess.run(["nice", "-n", "15", sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True, cwd=tmp_path,
+                         env={**__import__("os").environ,
+                              "PYTHONPATH": str(__import__("pathlib").Path(__file__)
+                                                .resolve().parents[3])})
+    r = __import__("json").loads(out.stdout)
+    assert r["inherited"] == 15
+    if __import__("os").geteuid() == 0:
+        assert r["niceness"] == 0 and r["threads"] == [0]
+    else:
+        assert r["niceness"] == 15
