@@ -42,6 +42,7 @@ class SweepReport:
     skipped: int = 0
     refused: str | None = None
     dashboard_url: str | None = None
+    pairs: list[dict] = dataclasses.field(default_factory=list)  # compare: records
 
     @property
     def failed(self) -> int:
@@ -80,7 +81,8 @@ def _records_in(out_dir: Path) -> list[dict]:
 
 
 def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dict:
-    from omni_ray.results.store import write_json_atomic, write_text_atomic
+    from omni_ray.results.pairs import pairs_markdown, summarize_pairs
+    from omni_ray.results.store import read_json, write_json_atomic, write_text_atomic
     from omni_ray.results.summary import (serving_markdown, summarize_arms, summarize_serving,
                                           to_csv, to_markdown)
 
@@ -93,10 +95,13 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
     serving = summarize_serving(records)
     if serving:
         summary["serving"] = serving
+    pairs = summarize_pairs([read_json(p) for p in sorted(out_dir.glob("pairs/*.json"))])
+    if pairs:
+        summary["pairs"] = pairs
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.csv", to_csv(summary))
     write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary)
-                      + serving_markdown(serving, summary["labels"]))
+                      + serving_markdown(serving, summary["labels"]) + pairs_markdown(pairs))
     return summary
 
 
@@ -166,7 +171,8 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
                           on_record=lambda task, record: emit(events.ArmDone(task, record)),
                           on_progress=lambda task, slot, phase, rss: emit(
-                              events.ArmProgress(task, slot, phase, rss))))
+                              events.ArmProgress(task, slot, phase, rss)),
+                          on_note=emit))
         emit(events.Started(sum(len(t) for t in todo.values()), report.skipped,
                             report.dashboard_url))
         try:
@@ -182,8 +188,12 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                     coord.run_group(runnable, group)
                 if coord.refused:
                     break
+            for sweep, sweep_arms, out_dir in planned:  # paired comparisons, after the passes
+                if sweep.compare is not None and not coord.refused:
+                    coord.run_compare(sweep, sweep_arms, out_dir, resume=resume)
         finally:
             report.records = coord.records
+            report.pairs = coord.pair_records
             report.refused = coord.refused
             for sweep, sweep_arms, out_dir in planned:
                 if out_dir.is_dir():

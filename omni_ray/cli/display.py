@@ -112,6 +112,8 @@ class Progress:
                 self.dispatch(task, slot)
             case events.ArmDone(task, record):
                 self.record(task, record)
+            case events.Note(text):
+                self._say(text)
             case events.Finished(report):
                 self.finish(report)
 
@@ -195,6 +197,8 @@ class LiveView:
                     self.refresh()
             case events.ArmDone(task, record):
                 self.record(task, record)
+            case events.Note(text):
+                self._say(text)
             case events.Finished(report):
                 self.stop()
                 for line in finish_lines(report):

@@ -130,6 +130,29 @@ NOISE_FIELDS: dict[str, f.Check] = {
     "spread_pct": f.number(gt=0),
 }
 
+# ``compare:`` (docs/compare.md): arms measured as interleaved pairs against a baseline arm,
+# both engines loaded on one slot, taking turns seconds apart; a sign test says which is faster.
+def _label(value: object, where: Where) -> str:
+    if not isinstance(value, str) or not value:
+        raise where.error("must be the label of one arm", value)
+    return value
+
+
+def _labels(value: object, where: Where) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise where.error("must be a non-empty list of arm labels", value)
+    return tuple(_label(v, where / i) for i, v in enumerate(value))
+
+
+COMPARE_METRICS = ("decode_tok_s", "prefill_tok_s")
+COMPARE_FIELDS: dict[str, f.Check] = {
+    "baseline": _label,
+    "arms": f.optional(_labels),
+    "pairs": f.integer(ge=2),
+    "metric": f.choice(*COMPARE_METRICS),
+}
+
+
 # What a matrix or zip key may name: one namespace, so a name says which config it sets.
 AXIS_FIELDS: dict[str, f.Check] = {
     **STAGE_FIELDS, **WORKLOAD_FIELDS, "slot_cores": PLACEMENT_FIELDS["slot_cores"],
@@ -320,6 +343,20 @@ class PlacementConfig(_Config):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareConfig(_Config):
+    """Paired comparisons (docs/compare.md): each of ``arms`` (None: every other arm) against
+    ``baseline``, ``pairs`` turns each, the order alternating, on ``metric``."""
+
+    baseline: str
+    arms: tuple[str, ...] | None = None
+    pairs: int = 20
+    metric: str = "decode_tok_s"
+
+    def __post_init__(self) -> None:
+        _recheck(self, COMPARE_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class NoiseConfig(_Config):
     """When a result is flagged NOISY: spread across passes above ``spread_pct`` percent."""
 
@@ -415,6 +452,7 @@ class SweepConfig(_Config):
     include: tuple[str, ...] = ()   # the fragments merged in, absolute paths, in merge order
     baseline: str | None = None     # the label of the arm the report divides the others by
     stages: tuple[PipelineStage, ...] = ()  # a pipeline (docs/pipelines.md); stage = stages[0]
+    compare: CompareConfig | None = None  # paired comparisons after the passes (docs/compare.md)
 
     def __post_init__(self) -> None:
         where = Where(self.source or "SweepConfig", os.getcwd())
