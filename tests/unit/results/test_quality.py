@@ -135,3 +135,7 @@ def test_a_run_directory_with_the_probe_gives_the_quality_table(tmp_path) -> Non
     text = (tmp_path / "summary.md").read_text()
     assert "## Quality beside speed" in text and "quantization=cpu_int4" in text
     assert "meaningless" in text
+    from omni_ray.report.document import write_report
+
+    html = write_report([tmp_path]).read_text()
+    assert "Quality beside speed" in html and "meaningless" in html and "2/4" in html
