@@ -8,7 +8,7 @@ from typing import Any
 
 from omni_ray.config import fields as f
 from omni_ray.config.document import Document, expand_includes, read_document
-from omni_ray.config.fields import Origin, Where
+from omni_ray.config.fields import Origin, Where, thaw
 from omni_ray.config.grid import Arm, expand
 from omni_ray.config.schema import (
     COMPARE_FIELDS, NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS,
@@ -198,6 +198,12 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
             raise (where / "workload").error(
                 f"prompt_len + output_len = {longest} exceeds "
                 f"max_model_len {s.max_model_len}{which}")
+        if w.quality is not None:  # the probe's prompt is the fixed sequence, then its tokens
+            probe = w.quality["sequence_len"] + w.quality["tokens"]
+            if probe > s.max_model_len:
+                raise (where / "workload" / "quality").error(
+                    f"sequence_len + tokens = {probe} exceeds max_model_len "
+                    f"{s.max_model_len}{which}", thaw(w.quality))
         shape = SHAPES.get(s.model)
         if shape is not None and s.max_model_len > shape.max_position_embeddings:
             raise (where / "stage" / "max_model_len").error(
@@ -214,6 +220,10 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
     w = arm.workload
     if w.mode != "offline":
         raise (where / "workload" / "mode").error(f"a pipeline runs offline only{which}", w.mode)
+    if w.quality is not None:
+        raise (where / "workload" / "quality").error(
+            f"a pipeline has no quality probe (yet): pair its stages' models as arms of their "
+            f"own{which}", thaw(w.quality))
     slot = arm.slot_cores
     if slot is None:
         raise (where / "placement" / "slot_cores").error(

@@ -80,6 +80,8 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "warmup": f.integer(ge=0),
     "repeats": f.integer(gt=0),
     "detokenize": f.boolean,
+    # after the speed, the fixed quality probe on the same engine (omni_ray/workload/quality.py)
+    "quality": f.quality,
     # serving (docs/serving.md); offline arms leave these at their defaults
     "mode": f.choice("offline", "serving"),
     "request_rate": f.request_rates,
@@ -101,7 +103,7 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
 SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests",
                   "warmup_requests", "prompt_len_max", "output_len_max", "prompt_file",
                   "percentiles", "slo", "search", "users", "think_time_s", "duration_s")
-OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
+OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats", "quality")
 
 # A pipeline stage (``stages:``, docs/pipelines.md): a full stage config plus its placement.
 # ``cores``: how many of the arm's slot CPUs it gets (None: an equal share of what the stages
@@ -302,6 +304,9 @@ class WorkloadConfig(_Config):
     repeats: int = 3
     detokenize: bool = True         # False: token ids only, as llama-bench and vLLM's
                                     # --disable-detokenize benchmarks measure
+    # {tokens, sequence_len} (``true``: the defaults): after its speed, the arm's engine runs
+    # the fixed quality probe (greedy ids, teacher-forced log-probabilities; docs/quality.md)
+    quality: dict | None = None
     # serving (docs/serving.md): an async engine fed by a load generator in the same process
     mode: str = "offline"           # offline | serving
     request_rate: tuple = ("inf",)  # req/s per load point, each served on the same engine
@@ -581,6 +586,11 @@ def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Wher
         raise (where / "context_len").error(
             "has no meaning for engine llamacpp (its decode runs after prompt_len tokens, "
             f"llama-bench -d); leave it out{which}", workload.context_len)
+    if workload.quality is not None:
+        raise (where / "quality").error(
+            "has no meaning for engine llamacpp (llama-bench gives no log-probabilities and "
+            f"the build makes no llama-perplexity; docs/quality.md); leave it out{which}",
+            thaw(workload.quality))
     if workload.detokenize:
         raise (where / "detokenize").error(
             "must be false for engine llamacpp (llama-bench never detokenizes; "
