@@ -63,7 +63,8 @@ import time
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import pairwise, save_and_exit
+from omni_ray.bench.common import save_and_exit
+from omni_ray.results.pairs import pair_stats
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
@@ -171,18 +172,21 @@ def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
 
 def summarize(a: str, b: str, ms: dict[str, list[float]],
               outside: dict[str, list[float]] | None = None) -> dict:
-    ratios, median, b_faster = pairwise(ms[a], ms[b])
+    """The pairs' comparison as a sweep's ``compare:`` makes it (``results.pairs``): ratios
+    A / B of step times (> 1: B is faster), their median, the sign test."""
+    s = pair_stats(ms[a], ms[b])
     med = {side: statistics.median(v) for side, v in ms.items()}
     out = {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
-           "pairwise_ratio_median": median, "pairs_b_faster": b_faster,
-           "pairwise_ratios": ratios}
+           "pairwise_ratio_median": s["ratio_median"], "pairs_b_faster": s["wins"],
+           "pairwise_ratios": s["ratios"], "sign_test_p": s["sign_test_p"]}
     if outside:
-        o_ratios, o_median, o_b_faster = pairwise(outside[a], outside[b])
+        o = pair_stats(outside[a], outside[b])
         out.update({"median_outside_model_ms": {k: statistics.median(v)
                                                 for k, v in outside.items()},
-                    "outside_model_pairwise_ratio_median": o_median,
-                    "outside_model_pairs_b_faster": o_b_faster,
-                    "outside_model_pairwise_ratios": o_ratios})
+                    "outside_model_pairwise_ratio_median": o["ratio_median"],
+                    "outside_model_pairs_b_faster": o["wins"],
+                    "outside_model_pairwise_ratios": o["ratios"],
+                    "outside_model_sign_test_p": o["sign_test_p"]})
     return out
 
 
