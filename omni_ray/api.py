@@ -29,6 +29,10 @@ METRICS = ("ready_s", "init_s", "import_s", "rss_anon_tree_mb", "peak_rss_anon_m
 PIPELINE_METRICS = ("ready_s", "rss_anon_tree_mb", "pipeline_peak_rss_anon_mb",
                     "pipeline_e2e_s", "last_stage_first_token_s", "last_stage_decode_tok_s")
 
+# An arm that ran the quality probe (workload.quality) adds its perplexity to the table; the
+# pairs against bf16 are summary["quality"] (results/quality.py, docs/quality.md).
+QUALITY_METRICS = ("quality_perplexity",)
+
 SweepInput = str | os.PathLike | SweepConfig | dict | Sequence[str | os.PathLike | SweepConfig]
 
 
@@ -42,6 +46,7 @@ class SweepReport:
     skipped: int = 0
     refused: str | None = None
     dashboard_url: str | None = None
+    pairs: list[dict] = dataclasses.field(default_factory=list)  # compare: records
 
     @property
     def failed(self) -> int:
@@ -80,12 +85,17 @@ def _records_in(out_dir: Path) -> list[dict]:
 
 
 def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dict:
-    from omni_ray.results.store import write_json_atomic, write_text_atomic
+    from omni_ray.results import quality
+    from omni_ray.results.pairs import pairs_markdown, summarize_pairs
+    from omni_ray.results.store import read_json, write_json_atomic, write_text_atomic
     from omni_ray.results.summary import (serving_markdown, summarize_arms, summarize_serving,
                                           to_csv, to_markdown)
 
     records = _records_in(out_dir)
     metrics = PIPELINE_METRICS if sweep.stages else METRICS
+    probed = any("quality_logprobs" in (r.get("measurements") or {}) for r in records)
+    if probed:
+        metrics = (*metrics, *QUALITY_METRICS)
     summary = summarize_arms(records, list(metrics), noise_pct=sweep.noise.spread_pct)
     summary["sweep"] = sweep.name
     summary["labels"] = {a.id: a.label for a in arms}
@@ -93,10 +103,18 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
     serving = summarize_serving(records)
     if serving:
         summary["serving"] = serving
+    quality_pairs = quality.pair(records) if probed else []
+    if probed:
+        summary["quality"] = quality_pairs
+    compared = summarize_pairs([read_json(p) for p in sorted(out_dir.glob("pairs/*.json"))])
+    if compared:
+        summary["pairs"] = compared
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.csv", to_csv(summary))
     write_text_atomic(out_dir / "summary.md", f"# {sweep.name}\n\n" + to_markdown(summary)
-                      + serving_markdown(serving, summary["labels"]))
+                      + serving_markdown(serving, summary["labels"])
+                      + quality.to_markdown(quality_pairs, summary["labels"])
+                      + pairs_markdown(compared))
     return summary
 
 
@@ -166,7 +184,8 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
             events=Events(on_dispatch=lambda task, slot: emit(events.ArmStarted(task, slot)),
                           on_record=lambda task, record: emit(events.ArmDone(task, record)),
                           on_progress=lambda task, slot, phase, rss: emit(
-                              events.ArmProgress(task, slot, phase, rss))))
+                              events.ArmProgress(task, slot, phase, rss)),
+                          on_note=emit))
         emit(events.Started(sum(len(t) for t in todo.values()), report.skipped,
                             report.dashboard_url))
         try:
@@ -182,8 +201,12 @@ def run_sweep(config_or_paths: SweepInput, *, address: str | None = None,
                     coord.run_group(runnable, group)
                 if coord.refused:
                     break
+            for sweep, sweep_arms, out_dir in planned:  # paired comparisons, after the passes
+                if sweep.compare is not None and not coord.refused:
+                    coord.run_compare(sweep, sweep_arms, out_dir, resume=resume)
         finally:
             report.records = coord.records
+            report.pairs = coord.pair_records
             report.refused = coord.refused
             for sweep, sweep_arms, out_dir in planned:
                 if out_dir.is_dir():

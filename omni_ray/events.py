@@ -66,13 +66,21 @@ class ArmDone:
 
 
 @dataclasses.dataclass(frozen=True)
+class Note:
+    """A line to show as it is (a paired comparison starting or done)."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Finished:
     """The run is over; ``report`` is what ``run_sweep`` returns."""
 
     report: Any
 
 
-Event = Planned | Started | Monitoring | ArmStarted | ArmProgress | ArmDone | Finished
+Event = (Planned | Started | Monitoring | ArmStarted | ArmProgress | ArmDone | Note
+         | Finished)
 Consumer = Callable[[Event], None]
 
 

@@ -26,7 +26,8 @@ Switches, each flipped at run time without restarting the engine:
 - ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
   the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
-  ``SamplingParams(detokenize=False)``, what ``int4_peers`` measures, as llama-bench does).
+  ``SamplingParams(detokenize=False)``, what a sweep with ``detokenize: false`` measures, as
+  llama-bench does).
 - ``gc``: Python's cyclic garbage collector on (A, the default) or off (B) in the engine's
   process: what the collections that vLLM's per-step objects trigger cost a decode step.
 - ``attention_sync``: the cpu_attention patch's C++ kernels check the forward context (taking
@@ -49,7 +50,7 @@ Switches, each flipped at run time without restarting the engine:
   graph object Dynamo's code calls (A: torch's runtime wrappers, then inductor's C++-wrapper glue)
   or straight to inductor's C++ entry (B); needs ``--cpp-wrapper``.
 
-The model is the shape's cpu_int4 g128 checkpoint (made once, as ``int4_peers`` makes it) or
+The model is the shape's cpu_int4 g128 checkpoint (made once: ``ensure_int4``) or
 ``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
 """
 
@@ -63,7 +64,9 @@ import time
 from pathlib import Path
 
 from omni_ray import envs
-from omni_ray.bench.common import pairwise, save_and_exit
+from omni_ray.bench.common import save_and_exit
+from omni_ray.errors import UserError
+from omni_ray.results.pairs import pair_stats
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
@@ -171,24 +174,61 @@ def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
 
 def summarize(a: str, b: str, ms: dict[str, list[float]],
               outside: dict[str, list[float]] | None = None) -> dict:
-    ratios, median, b_faster = pairwise(ms[a], ms[b])
+    """The pairs' comparison as a sweep's ``compare:`` makes it (``results.pairs``): ratios
+    A / B of step times (> 1: B is faster), their median, the sign test."""
+    s = pair_stats(ms[a], ms[b])
     med = {side: statistics.median(v) for side, v in ms.items()}
     out = {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
-           "pairwise_ratio_median": median, "pairs_b_faster": b_faster,
-           "pairwise_ratios": ratios}
+           "pairwise_ratio_median": s["ratio_median"], "pairs_b_faster": s["wins"],
+           "pairwise_ratios": s["ratios"], "sign_test_p": s["sign_test_p"]}
     if outside:
-        o_ratios, o_median, o_b_faster = pairwise(outside[a], outside[b])
+        o = pair_stats(outside[a], outside[b])
         out.update({"median_outside_model_ms": {k: statistics.median(v)
                                                 for k, v in outside.items()},
-                    "outside_model_pairwise_ratio_median": o_median,
-                    "outside_model_pairs_b_faster": o_b_faster,
-                    "outside_model_pairwise_ratios": o_ratios})
+                    "outside_model_pairwise_ratio_median": o["ratio_median"],
+                    "outside_model_pairs_b_faster": o["wins"],
+                    "outside_model_pairwise_ratios": o["ratios"],
+                    "outside_model_sign_test_p": o["sign_test_p"]})
     return out
+
+
+GROUP_SIZE = 128
+
+
+def ensure_int4(shape: str, work: Path) -> Path:
+    """The shape's cpu_int4 g128 checkpoint under ``work``, quantized once (again when
+    ``omni-ray quantize`` writes another config today, e.g. a changed row_threshold)."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    from omni_ray.models.build import ensure_model
+    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD
+
+    model = ensure_model(shape)
+    int4 = work / model.name / f"cpu_int4-g{GROUP_SIZE}"
+    if (int4 / "omni_quantize.json").is_file():
+        qc = json.loads((int4 / "config.json").read_text()).get("quantization_config", {})
+        if qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD:
+            return int4
+    cmd = [sys.executable, "-m", "omni_ray.cli", "quantize", str(model), str(int4),
+           "--group-size", str(GROUP_SIZE), "--overwrite"]
+    log = int4.parent / "quantize.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL).returncode
+    if rc != 0:
+        raise UserError(f"omni-ray quantize failed (exit {rc}); see {log}")
+    return int4
 
 
 def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | None):
     """(an engine in this process, pinned to ``cpus``, and its checkpoint): ``model`` or the
-    shape's cpu_int4 g128 checkpoint, made once as ``int4_peers`` makes it. Call before anything
+    shape's cpu_int4 g128 checkpoint, made once (``ensure_int4``). Call before anything
     else imports vLLM: the stage's environment is set first (vLLM reads some of it at import)."""
     from omni_ray.engine.runner import engine_env, engine_kwargs
     from omni_ray.measure.pinning import pin_all_threads
@@ -198,9 +238,7 @@ def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | Non
     if model:
         path = Path(model)
     else:
-        from omni_ray.bench.int4_peers import ensure_int4
-
-        path = ensure_int4(shape, envs.cache_dir() / "bench" / "int4_peers")[1]
+        path = ensure_int4(shape, envs.cache_dir() / "bench" / "int4_peers")
     pin_all_threads(cpus)
     import vllm_omni
     from vllm import LLM

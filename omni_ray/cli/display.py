@@ -44,6 +44,13 @@ def print_plan(planned, passes, stream) -> None:
             slots = ", ".join(s.name for s in local_slots(arm.slot_cores, sweep.placement.nodes))
             print(f"  {arm.id}  {arm.label:<40} slot_cores={arm.slot_cores or 'node'} "
                   f"on [{slots}]", file=stream)
+        if sweep.compare is not None:
+            from omni_ray.config.loader import compared_arms
+
+            base, others = compared_arms(sweep.compare, list(arms))
+            print(f"  then compare: {len(others)} arm(s) x {sweep.compare.pairs} pairs of "
+                  f"turns against {base.id} ({sweep.compare.metric}; docs/compare.md)",
+                  file=stream)
     print("dry run: nothing was started", file=stream)
 
 
@@ -112,6 +119,8 @@ class Progress:
                 self.dispatch(task, slot)
             case events.ArmDone(task, record):
                 self.record(task, record)
+            case events.Note(text):
+                self._say(text)
             case events.Finished(report):
                 self.finish(report)
 
@@ -195,6 +204,8 @@ class LiveView:
                     self.refresh()
             case events.ArmDone(task, record):
                 self.record(task, record)
+            case events.Note(text):
+                self._say(text)
             case events.Finished(report):
                 self.stop()
                 for line in finish_lines(report):

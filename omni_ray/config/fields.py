@@ -478,3 +478,27 @@ def search(value: object, where: Where) -> FrozenDict:
     steps = integer(gt=0)(value.get("steps", 5), where / "steps")
     head = {} if over == "request_rate" else {"over": over}
     return FrozenDict(**head, percentile=float(p), low=low, high=high, steps=steps)
+
+
+# workload.quality (omni_ray/workload/quality.py): greedy tokens generated, and the length of
+# the fixed id sequence whose log-probabilities are read teacher-forced.
+QUALITY_DEFAULTS = {"tokens": 32, "sequence_len": 128}
+QUALITY_MIN = {"tokens": 1, "sequence_len": 2}
+
+
+def quality(value: object, where: Where) -> FrozenDict | None:
+    """``true`` (the defaults), ``false``/``null`` (off), or ``{tokens, sequence_len}``: after
+    its speed, the arm's engine runs the fixed quality probe; every key is filled in, so equal
+    probes read the same."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return FrozenDict(QUALITY_DEFAULTS)
+    if not isinstance(value, Mapping):
+        raise where.error("must be true, false or a mapping with keys "
+                          f"{', '.join(QUALITY_DEFAULTS)}", value)
+    for key in value:
+        if key not in QUALITY_DEFAULTS:
+            raise unknown_key(where, key, QUALITY_DEFAULTS)
+    return FrozenDict({k: integer(ge=QUALITY_MIN[k])(value.get(k, d), where / k)
+                       for k, d in QUALITY_DEFAULTS.items()})

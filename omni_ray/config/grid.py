@@ -38,9 +38,10 @@ def arm_id(sweep: str, stage: StageConfig, workload: WorkloadConfig,
 _ID_NEUTRAL = {"engine": "vllm", "memory_limit_mib": None}
 
 
-# Workload fields added with serving mode: at their defaults they are left out of the id too.
+# Workload fields added with serving mode and the quality probe: at their defaults they are
+# left out of the id too.
 _ID_NEUTRAL_WORKLOAD = {k: v for k, v in WorkloadConfig().to_dict().items()
-                        if k in ("mode", *SERVING_FIELDS)}
+                        if k in ("mode", "quality", *SERVING_FIELDS)}
 
 
 def _id_workload(workload: WorkloadConfig) -> dict[str, Any]:

@@ -8,18 +8,18 @@ from typing import Any
 
 from omni_ray.config import fields as f
 from omni_ray.config.document import Document, expand_includes, read_document
-from omni_ray.config.fields import Origin, Where
-from omni_ray.config.grid import expand
+from omni_ray.config.fields import Origin, Where, thaw
+from omni_ray.config.grid import Arm, expand
 from omni_ray.config.schema import (
-    NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS, STAGE_FIELDS,
-    STAGE_PLACEMENT_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, NoiseConfig, PipelineStage,
-    PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage,
+    COMPARE_FIELDS, NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS,
+    STAGE_FIELDS, STAGE_PLACEMENT_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, CompareConfig,
+    NoiseConfig, PipelineStage, PlacementConfig, StageConfig, SweepConfig, WorkloadConfig, check_axes, check_stage,
     check_workload_for, stage_nodes)
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.models.shapes import SHAPES
 
 TOP_LEVEL = ("name", "model", "include", "stage", "stages", "workload", "matrix", "zip",
-             "passes", "placement", "timeout_s", "noise", "baseline")
+             "passes", "placement", "timeout_s", "noise", "baseline", "compare")
 
 _TOP_HINTS = {
     **{k: "belongs under stage:" for k in STAGE_FIELDS if k != "model"},
@@ -88,6 +88,15 @@ def _build(doc: Document, where: Where) -> SweepConfig:
             raise (where / "baseline").error("must be the label of one arm", data["baseline"])
         scalars["baseline"] = data["baseline"]
 
+    if "compare" in data:
+        compare = f.parse_mapping(data["compare"], where / "compare", COMPARE_FIELDS)
+        if "baseline" not in compare:
+            if "baseline" not in scalars:
+                raise (where / "compare" / "baseline").error(
+                    "required field missing (or give the sweep a baseline:)")
+            compare["baseline"] = scalars["baseline"]
+        scalars["compare"] = CompareConfig(**compare)
+
     sweep = SweepConfig(
         name=name, source=where.source, stage=StageConfig(**stage),
         workload=WorkloadConfig(**workload), matrix=matrix, zip=zip_groups,
@@ -131,12 +140,51 @@ def _stages(data: Mapping, base: dict[str, Any], swept: Mapping[str, tuple], whe
     return tuple(out)
 
 
+def compared_arms(compare, arms: list[Arm]) -> tuple[Arm, list[Arm]]:
+    """(the baseline arm, the arms paired with it, in the sweep's order)."""
+    by_label = {a.label: a for a in arms}
+    chosen = compare.arms if compare.arms is not None else [a.label for a in arms]
+    return by_label[compare.baseline], [by_label[label] for label in chosen
+                                        if label != compare.baseline]
+
+
+def _check_compare(compare, arms: list[Arm], where: Where) -> None:
+    """Labels that name arms, and arms whose engines can take turns on one slot."""
+    labels = [a.label for a in arms]
+    if compare.baseline not in labels:
+        raise (where / "baseline").error(f"must be the label of one arm ({', '.join(labels)})",
+                                         compare.baseline)
+    for i, label in enumerate(compare.arms or ()):
+        if label not in labels:
+            raise (where / "arms" / i).error(f"must be the label of one arm "
+                                             f"({', '.join(labels)})", label)
+        if label == compare.baseline:
+            raise (where / "arms" / i).error("is the baseline; list the arms paired with it",
+                                             label)
+    base, others = compared_arms(compare, arms)
+    if not others:
+        raise (where / "arms").error("no arm to pair with the baseline", compare.arms)
+    for arm in [base, *others]:
+        field = "baseline" if arm is base else "arms"
+        if arm.stages or arm.replicas != 1 or arm.workload.mode != "offline":
+            what = ("a pipeline" if arm.stages else "replicated" if arm.replicas != 1
+                    else "a serving arm")
+            raise (where / field).error(f"arm {arm.label} is {what}: pairs take turns between "
+                                        "two offline single-engine arms", arm.label)
+        if arm.slot_cores != base.slot_cores:
+            raise (where / field).error(
+                f"arm {arm.label} runs on {arm.slot_cores or 'node'}-core slots, the baseline "
+                f"on {base.slot_cores or 'node'}: a pair shares one slot", arm.label)
+
+
 def _check_arms(sweep: SweepConfig, where: Where) -> None:
     """Limits that span fields: found here, not after minutes of engine start-up."""
     arms = expand(sweep)
     if sweep.baseline is not None and sweep.baseline not in {a.label for a in arms}:
         raise (where / "baseline").error(
             f"must be the label of one arm ({', '.join(a.label for a in arms)})", sweep.baseline)
+    if sweep.compare is not None:
+        _check_compare(sweep.compare, arms, where / "compare")
     for arm in arms:
         if arm.stages:
             _check_pipeline(sweep, arm, where)
@@ -150,6 +198,12 @@ def _check_arms(sweep: SweepConfig, where: Where) -> None:
             raise (where / "workload").error(
                 f"prompt_len + output_len = {longest} exceeds "
                 f"max_model_len {s.max_model_len}{which}")
+        if w.quality is not None:  # the probe's prompt is the fixed sequence, then its tokens
+            probe = w.quality["sequence_len"] + w.quality["tokens"]
+            if probe > s.max_model_len:
+                raise (where / "workload" / "quality").error(
+                    f"sequence_len + tokens = {probe} exceeds max_model_len "
+                    f"{s.max_model_len}{which}", thaw(w.quality))
         shape = SHAPES.get(s.model)
         if shape is not None and s.max_model_len > shape.max_position_embeddings:
             raise (where / "stage" / "max_model_len").error(
@@ -166,6 +220,10 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
     w = arm.workload
     if w.mode != "offline":
         raise (where / "workload" / "mode").error(f"a pipeline runs offline only{which}", w.mode)
+    if w.quality is not None:
+        raise (where / "workload" / "quality").error(
+            f"a pipeline has no quality probe (yet): pair its stages' models as arms of their "
+            f"own{which}", thaw(w.quality))
     slot = arm.slot_cores
     if slot is None:
         raise (where / "placement" / "slot_cores").error(

@@ -80,6 +80,8 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
     "warmup": f.integer(ge=0),
     "repeats": f.integer(gt=0),
     "detokenize": f.boolean,
+    # after the speed, the fixed quality probe on the same engine (omni_ray/workload/quality.py)
+    "quality": f.quality,
     # serving (docs/serving.md); offline arms leave these at their defaults
     "mode": f.choice("offline", "serving"),
     "request_rate": f.request_rates,
@@ -101,7 +103,7 @@ WORKLOAD_FIELDS: dict[str, f.Check] = {
 SERVING_FIELDS = ("request_rate", "burstiness", "max_concurrency", "num_requests",
                   "warmup_requests", "prompt_len_max", "output_len_max", "prompt_file",
                   "percentiles", "slo", "search", "users", "think_time_s", "duration_s")
-OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats")
+OFFLINE_FIELDS = ("batch", "context_len", "warmup", "repeats", "quality")
 
 # A pipeline stage (``stages:``, docs/pipelines.md): a full stage config plus its placement.
 # ``cores``: how many of the arm's slot CPUs it gets (None: an equal share of what the stages
@@ -129,6 +131,29 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
 NOISE_FIELDS: dict[str, f.Check] = {
     "spread_pct": f.number(gt=0),
 }
+
+# ``compare:`` (docs/compare.md): arms measured as interleaved pairs against a baseline arm,
+# both engines loaded on one slot, taking turns seconds apart; a sign test says which is faster.
+def _label(value: object, where: Where) -> str:
+    if not isinstance(value, str) or not value:
+        raise where.error("must be the label of one arm", value)
+    return value
+
+
+def _labels(value: object, where: Where) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise where.error("must be a non-empty list of arm labels", value)
+    return tuple(_label(v, where / i) for i, v in enumerate(value))
+
+
+COMPARE_METRICS = ("decode_tok_s", "prefill_tok_s")
+COMPARE_FIELDS: dict[str, f.Check] = {
+    "baseline": _label,
+    "arms": f.optional(_labels),
+    "pairs": f.integer(ge=2),
+    "metric": f.choice(*COMPARE_METRICS),
+}
+
 
 # What a matrix or zip key may name: one namespace, so a name says which config it sets.
 AXIS_FIELDS: dict[str, f.Check] = {
@@ -279,6 +304,9 @@ class WorkloadConfig(_Config):
     repeats: int = 3
     detokenize: bool = True         # False: token ids only, as llama-bench and vLLM's
                                     # --disable-detokenize benchmarks measure
+    # {tokens, sequence_len} (``true``: the defaults): after its speed, the arm's engine runs
+    # the fixed quality probe (greedy ids, teacher-forced log-probabilities; docs/quality.md)
+    quality: dict | None = None
     # serving (docs/serving.md): an async engine fed by a load generator in the same process
     mode: str = "offline"           # offline | serving
     request_rate: tuple = ("inf",)  # req/s per load point, each served on the same engine
@@ -317,6 +345,20 @@ class PlacementConfig(_Config):
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompareConfig(_Config):
+    """Paired comparisons (docs/compare.md): each of ``arms`` (None: every other arm) against
+    ``baseline``, ``pairs`` turns each, the order alternating, on ``metric``."""
+
+    baseline: str
+    arms: tuple[str, ...] | None = None
+    pairs: int = 20
+    metric: str = "decode_tok_s"
+
+    def __post_init__(self) -> None:
+        _recheck(self, COMPARE_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -415,6 +457,7 @@ class SweepConfig(_Config):
     include: tuple[str, ...] = ()   # the fragments merged in, absolute paths, in merge order
     baseline: str | None = None     # the label of the arm the report divides the others by
     stages: tuple[PipelineStage, ...] = ()  # a pipeline (docs/pipelines.md); stage = stages[0]
+    compare: CompareConfig | None = None  # paired comparisons after the passes (docs/compare.md)
 
     def __post_init__(self) -> None:
         where = Where(self.source or "SweepConfig", os.getcwd())
@@ -543,6 +586,11 @@ def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Wher
         raise (where / "context_len").error(
             "has no meaning for engine llamacpp (its decode runs after prompt_len tokens, "
             f"llama-bench -d); leave it out{which}", workload.context_len)
+    if workload.quality is not None:
+        raise (where / "quality").error(
+            "has no meaning for engine llamacpp (llama-bench gives no log-probabilities and "
+            f"the build makes no llama-perplexity; docs/quality.md); leave it out{which}",
+            thaw(workload.quality))
     if workload.detokenize:
         raise (where / "detokenize").error(
             "must be false for engine llamacpp (llama-bench never detokenizes; "

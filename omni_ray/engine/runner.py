@@ -117,7 +117,10 @@ def run(req: EngineRequest) -> dict:
             session.phase("measuring")
         readback("ready")
         engine_facts = {k: v for k, v in m.items() if k not in START_FIGURES}
-        if req.workload is not None:
+        if req.turns:
+            m["turns"] = take_turns(engine, session, req)
+            readback("end")
+        elif req.workload is not None:
             neighbours = NeighbourLoad(os.getpid(), cpus or sorted(os.sched_getaffinity(0)))
             m["measured_from"] = time.time()  # wall clock: replicas' windows are compared
             m.update(engine.run(session))
@@ -138,6 +141,42 @@ def run(req: EngineRequest) -> dict:
     if bad:  # measured off the slot: the figures are not the slot's
         out.update(status="failed", error=f"pinning: {len(bad)} thread(s) "
                    f"outside CPUs {format_cpulist(cpus)}: {bad[0]}")
+    return out
+
+
+def take_turns(engine, session: Session, req: EngineRequest) -> list[dict]:
+    """One side of a pair (docs/compare.md): the workload once per turn, when the launcher
+    says (``<turns_dir>/<k>.go``); each turn's figures go to ``<k>.done.json`` at once, so the
+    launcher can start the other side's turn. The first turn warms up as the workload says, the
+    later ones do not (the engine is warm). A turn's neighbour share counts the other side's
+    idle engine too: its OpenMP threads spinning on this slot's CPUs would show there."""
+    import dataclasses
+    from pathlib import Path
+
+    from omni_ray.results.store import write_json_atomic
+
+    turns_dir = Path(req.turns_dir)
+    cpus = list(req.cpus) if req.cpus else sorted(os.sched_getaffinity(0))
+    out = []
+    for k in range(req.turns):
+        print(f"{PHASE_MARK}waiting", flush=True)
+        go, deadline = turns_dir / f"{k}.go", time.monotonic() + req.go_timeout_s
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"turn {k}: no go within {req.go_timeout_s:g} s")
+            time.sleep(0.005)
+        session.phase("measuring")
+        neighbours = NeighbourLoad(os.getpid(), cpus)
+        m = {"turn": k, "measured_from": time.time()}
+        m.update(engine.run(session))
+        m["measured_to"] = time.time()
+        m.update(neighbours.stop())
+        write_json_atomic(turns_dir / f"{k}.done.json", m)
+        out.append(m)
+        if k == 0:
+            wl = session.req.workload
+            session.req = dataclasses.replace(session.req,
+                                              workload=dataclasses.replace(wl, warmup=0))
     return out
 
 

@@ -49,6 +49,11 @@ class EngineRequest:
     # Arms sharing this engine start (placement.share_engine, docs/serving.md): their
     # workloads, run after ``workload`` on the same engine, each giving a result of its own.
     then: tuple[WorkloadConfig, ...] = ()
+    # One side of a paired comparison (compare:, docs/compare.md): after load it runs its
+    # workload ``turns`` times, turn k once ``<turns_dir>/<k>.go`` exists, writing the turn's
+    # figures to ``<turns_dir>/<k>.done.json``; the other side's turns come in between.
+    turns: int = 0
+    turns_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -63,6 +68,8 @@ class EngineRequest:
                                                     for n, cpus in self.node_cpus))
         object.__setattr__(self, "then", tuple(self.then))
         where = Where(SOURCE, "")
+        if self.turns and (self.turns_dir is None or self.workload is None or self.then):
+            raise (where / "turns").error("needs turns_dir and one workload", self.turns)
         check_stage(self.stage, where / "stage")
         if self.workload is not None:
             check_workload_for(self.stage, self.workload, where / "workload")
@@ -108,7 +115,8 @@ class EngineRequest:
                    inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
                    window=d.get("window"), out_window=d.get("out_window"),
                    live_stats=bool(d.get("live_stats", False)),
-                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())))
+                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())),
+                   turns=int(d.get("turns", 0)), turns_dir=d.get("turns_dir"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -127,4 +135,5 @@ class EngineRequest:
                 "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
                 "window": self.window, "out_window": self.out_window,
                 "live_stats": self.live_stats,
-                "then": [w.to_dict() for w in self.then]}
+                "then": [w.to_dict() for w in self.then],
+                "turns": self.turns, "turns_dir": self.turns_dir}

@@ -104,7 +104,29 @@ class TransformersEngine:
                               output_len=wl.output_len) | {"output_token_ids": first}
         if out.get("decode_tok_s") is not None:
             out.update(decode_regime(session.model_path, req.cpus))
+        if wl.quality is not None:  # after the speed, on the same model
+            session.phase("quality")
+            out.update(self.quality_probe(session, vocab))
         return out
+
+    def quality_probe(self, session: Session, vocab_size: int) -> dict:
+        """The fixed quality probe (``workload/quality.py``): one forward pass over the sequence
+        gives each id's log-probability (log-softmax of the float32 logits, as vLLM's raw
+        log-probabilities), then ``tokens`` greedy ids after it."""
+        from omni_ray.workload.quality import probe_figures, probe_ids
+
+        torch, req = self.torch, session.req
+        q = req.workload.quality
+        ids = probe_ids(vocab_size, q["sequence_len"])
+        x = torch.tensor([ids], dtype=torch.long)
+        with torch.inference_mode():
+            logits = self.model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)[:-1].gather(
+                1, x[0, 1:, None])[:, 0].tolist()
+        _, greedy = self._generate([ids], q["tokens"], False)
+        return probe_figures(ids=ids, logprobs=logprobs, greedy_ids=greedy, tokens=q["tokens"],
+                             model_path=session.model_path, dtype=req.stage.dtype,
+                             quantization=req.stage.quantization)
 
     def report(self) -> dict:
         versions = {"transformers": self.transformers.__version__,

@@ -173,6 +173,25 @@ def run_workload(llm, wl, vocab_size: int, sampler, seed: int, progress=None) ->
         "output_token_ids": first_tokens} | out
 
 
+def quality_probe(llm, req: EngineRequest, model_path: str, vocab_size: int) -> dict:
+    """The fixed quality probe (``workload/quality.py``) in one request: the sequence as a
+    token-id prompt with ``prompt_logprobs=0`` (each prompt id's own log-probability, from the
+    raw logits), then ``tokens`` greedy ids."""
+    from vllm import SamplingParams
+
+    from omni_ray.workload.quality import probe_figures, probe_ids
+
+    q = req.workload.quality
+    ids = probe_ids(vocab_size, q["sequence_len"])
+    params = SamplingParams(max_tokens=q["tokens"], prompt_logprobs=0,
+                            **dict(GREEDY, detokenize=False))
+    _, (out,) = timed_generate(llm, [ids], params)
+    logprobs = [pos[tok].logprob for pos, tok in zip(out.prompt_logprobs[1:], ids[1:])]
+    return probe_figures(ids=ids, logprobs=logprobs, greedy_ids=list(out.outputs[0].token_ids),
+                         tokens=q["tokens"], model_path=model_path, dtype=req.stage.dtype,
+                         quantization=req.stage.quantization)
+
+
 def stream_generate(llm, prompts: list[list[int]], params,
                     on_step: Callable[[list[list[int]]], None]) -> tuple[float, list[list[int]]]:
     """``llm.generate``'s own loop (``LLMEngine.step`` until no request is left), with
@@ -370,6 +389,9 @@ class VllmEngine:
                          session.progress)
         if m.get("decode_tok_s") is not None:
             m.update(decode_regime(session.model_path, req.cpus))
+        if req.workload.quality is not None:  # after the speed, on the same engine
+            session.phase("quality")
+            m.update(quality_probe(self.llm, req, session.model_path, vocab))
         return m
 
     def report(self) -> dict:

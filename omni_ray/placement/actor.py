@@ -17,6 +17,7 @@ from pathlib import Path
 import ray
 
 from omni_ray.engine.launch import EngineLog, launch_arm
+from omni_ray.engine.pairs import launch_pair
 from omni_ray.engine.pipeline import launch_pipeline
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.cpuload import (SLOT_MAX_AVG, busy_between, check_idle, parse_proc_stat,
@@ -138,6 +139,18 @@ class StageActor:
         for fig in ("decode_tok_s", "prefill_tok_s"):  # an engine that said no window
             if fig not in self._said and m.get(fig) is not None:  # (llama-bench): its end
                 self._live[fig].set(m[fig], tags=self.tags)
+        self._engine_pids = ()
+        return result
+
+    def run_pair(self, reqs: tuple[EngineRequest, EngineRequest], workdir: str, name: str,
+                 timeout_s: float, pairs: int) -> dict:
+        """A paired comparison (engine/pairs.py): both arms' engines on this slot, in turns."""
+        reqs = tuple(dataclasses.replace(r, cpus=tuple(self.slot.cpus), node=self.slot.node,
+                                         simulated=self.topology.simulated) for r in reqs)
+        self._log = EngineLog(Path(workdir) / f"{name}.a.log")
+        self._rss_peak, self._stat, self._said = 0.0, None, set()
+        result = launch_pair(reqs, Path(workdir), name, pairs=pairs, timeout_s=timeout_s,
+                             on_poll=self._poll)
         self._engine_pids = ()
         return result
 

@@ -74,6 +74,7 @@ class Events:
     # (task, slot, phase, rss_mb) of each running arm pass, every PROGRESS_S or so
     on_progress: Callable[[Task, str, str, float | None], None] = (
         lambda task, slot, phase, rss_mb: None)
+    on_note: Callable[[object], None] = lambda note: None  # an events.Note to show as it is
 
 
 @contextlib.contextmanager
@@ -229,6 +230,7 @@ class Coordinator:
         self.running: dict = {}  # ref -> (task, slot, actor, t0, where, preflight, its tasks)
         self._replicated: collections.Counter = collections.Counter()  # sweep -> arm passes
         self.records: list[dict] = []
+        self.pair_records: list[dict] = []  # compare: (run_compare)
         self.refused: str | None = None
         self._asked: dict = {}  # status ObjectRef -> (run ObjectRef, slot name)
         self._last_ask = 0.0
@@ -430,7 +432,7 @@ class Coordinator:
 
     @contextlib.contextmanager
     def _hold(self, task: Task, slots: Sequence[SlotRef], slot_cores: int | None,
-              ) -> Iterator[tuple[list, list[dict], dict] | None]:
+              announce: bool = True) -> Iterator[tuple[list, list[dict], dict] | None]:
         """A stage actor on each of ``slots`` at once, each past its preflight: yields
         (actors, wheres, preflight of them all), or None when one slot is busy
         (``self.refused`` says why). The actors, and their engines, die on exit (Ctrl-C too)."""
@@ -445,7 +447,8 @@ class Coordinator:
                     return
                 pfs.append(pf)
             wheres = ray.get([a.where.remote() for a in actors])
-            self._emit(self.events.on_dispatch, task, "+".join(s.label for s in slots))
+            if announce:  # an arm pass (a pair says itself: run_compare)
+                self._emit(self.events.on_dispatch, task, "+".join(s.label for s in slots))
             yield actors, wheres, {
                 "ok": all(p["ok"] for p in pfs), "replicas": pfs,
                 "message": "; ".join(p.get("message", "") for p in pfs if not p["ok"])}
@@ -497,6 +500,72 @@ class Coordinator:
             self._write(task, make_arm_record(
                 task, self.run_id, result, slot={"label": label, **wheres[0], "slots": wheres},
                 t_dispatch=t0, t_end=time.time(), preflight=pf))
+
+    def run_compare(self, sweep: SweepConfig, arms: Sequence[Arm], out_dir: Path,
+                    resume: bool = False) -> None:
+        """``compare:`` (docs/compare.md): each paired arm against the baseline, one pair at a
+        time on one slot of the pool, both engines loaded there and taking turns
+        (engine/pairs.py). One record per pair under ``<out_dir>/pairs/``; with ``resume`` a
+        pair already recorded ok is not run again."""
+        from omni_ray.config.loader import compared_arms
+        from omni_ray.engine.pairs import SIDES
+        from omni_ray.events import Note
+        from omni_ray.results.pairs import from_turns, verdict
+
+        compare = sweep.compare
+        base, others = compared_arms(compare, list(arms))
+        require_capacity(base.slot_cores)
+        pl = sweep.placement
+        slots = slot_pool(ray.nodes(), resource_name(base.slot_cores, ""), numa_nodes=pl.nodes,
+                          ray_nodes=pl.ray_nodes)[:1]
+        if not slots:
+            raise UserError(f"placement.nodes: no slots on nodes {list(pl.nodes or ())}")
+        for arm in others:
+            path = pair_path(out_dir, arm, base)
+            if resume and path.exists() and read_json(path).get("status") == "ok":
+                continue
+            task = Task(sweep, arm, 0, out_dir)
+            name = path.stem
+            timeout = (arm.timeout_s + base.timeout_s) * max(1.0, compare.pairs / 2)
+            t0 = time.time()
+            with self._hold(task, slots, base.slot_cores, announce=False) as held:
+                if held is None:
+                    return
+                actors, wheres, pf = held
+                self._emit(self.events.on_note, Note(
+                    f"pairs: {arm.label} vs {base.label}, {compare.pairs} turns each on "
+                    f"{slots[0].label}"))
+                reqs = (engine_request(arm, 1), engine_request(base, 1))
+                with self._running_replicated(sweep.name):
+                    result = self._result_of(task, f"{name}.a", slots[0],
+                                             actors[0].run_pair.remote(
+                                                 reqs, str(out_dir / "logs"), name, timeout,
+                                                 compare.pairs))
+            sides = result.get("sides") or [{}, {}]
+            turns = [(s.get("measurements") or {}).get("turns") or [] for s in sides]
+            measurements = from_turns(turns[0], turns[1], compare.metric) | {
+                "order": result.get("order"),
+                "turns": dict(zip(("arm", "baseline"), turns))}
+            record = make_record(
+                kind="pair", config={"arm": arm.to_dict(), "baseline": base.to_dict(),
+                                     "pairs": compare.pairs, "metric": compare.metric},
+                measurements=measurements, status=result["status"], error=result.get("error"),
+                stderr_tail=result.get("stderr_tail"),
+                pinning={side: s.get("pinning") for side, s in zip(SIDES, sides)},
+                extra={"sweep": sweep.name, "run_id": self.run_id, "slot": wheres[0],
+                       "preflight": pf, "timing": {"dispatched": t0, "ended": time.time()},
+                       "sides": [{k: s.get(k) for k in ("status", "error", "log_path",
+                                                         "kernels", "patch_report")}
+                                 for s in sides]})
+            write_json_atomic(path, record)
+            self.pair_records.append(record)
+            self._emit(self.events.on_note, Note(
+                f"pairs: {arm.label} vs {base.label}: "
+                + (f"{measurements.get('ratio_median', float('nan')):.3f}x, "
+                   f"{verdict(measurements)}" if result["status"] == "ok"
+                   else f"FAILED: {result.get('error')}")))
+            if self.refused:
+                return
 
     @staticmethod
     def _release_together(actors: Sequence, refs: Sequence, timeout_s: float) -> None:
@@ -569,6 +638,11 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
             self.running.pop(ref, None)
+
+
+def pair_path(out_dir: Path, arm: Arm, baseline: Arm) -> Path:
+    """Where the record of ``arm`` paired with ``baseline`` goes."""
+    return out_dir / "pairs" / f"{arm.id}-vs-{baseline.id}.json"
 
 
 def arm_nodes(arm: Arm) -> list[int]:

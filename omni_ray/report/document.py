@@ -149,6 +149,31 @@ def _serving_html(run: Run) -> str:
             f"<table><tr>{head}</tr>{body}</table>")
 
 
+def _quality_html(run: Run) -> str:
+    """Arms that ran the quality probe, each quantized one against its bf16 arm
+    (docs/quality.md), with the caveat on synthetic weights."""
+    from omni_ray.results.quality import CAVEAT, pair
+    from omni_ray.results.summary import _fmt
+
+    rows = pair([r for a in run.arms for r in a.ok])
+    if not rows:
+        return ""
+    labels = {a.id: a.label for a in run.arms}
+    cols = ["arm", "weights", "vs bf16 arm", "greedy prefix", "greedy agreement",
+            "mean |dlogprob|", "perplexity", "ratio", "decode tok/s", "bf16 decode tok/s", "n"]
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_e(v)}</td>" for v in (
+            labels.get(r["arm"], r["arm"]), f"{r['engine']} {r['weights']}",
+            labels.get(r["baseline"], r["baseline"]) if r["baseline"] else "none",
+            "-" if r["greedy_prefix"] is None else f"{r['greedy_prefix']:g}/{r['tokens']}",
+            _fmt(r["greedy_agreement"]), _fmt(r["mean_abs_dlogprob"]), _fmt(r["perplexity"]),
+            _fmt(r["perplexity_ratio"]), _fmt(r["decode_tok_s"]),
+            _fmt(r.get("baseline_decode_tok_s")), r["n"])) + "</tr>" for r in rows)
+    return (f"<h3>Quality beside speed</h3><p>{_e(CAVEAT)}</p>"
+            f"<table><tr>{head}</tr>{body}</table>")
+
+
 def _run_html(run: Run, baseline: str | None, title_level: str = "h2") -> str:
     out = [f'<{title_level} id="{_e(run.name)}">{_e(run.name)}'
            + (" (retracted)" if run.is_retracted else "") + f"</{title_level}>",
@@ -156,6 +181,7 @@ def _run_html(run: Run, baseline: str | None, title_level: str = "h2") -> str:
            f"{len(run.records)} records</p>"]
     out.append(_table_html(table.build([run], baseline)))
     out.append(_serving_html(run))
+    out.append(_quality_html(run))
     charts = []
     for axis in run.axis_groups():
         for m in run.metrics():

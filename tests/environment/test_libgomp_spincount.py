@@ -1,6 +1,7 @@
 """An assumption about the platform, not omni-ray's code: libgomp (torch's OpenMP runtime)
-honours GOMP_SPINCOUNT under OMP_WAIT_POLICY=ACTIVE. omni_ray.bench.decode_pairs relies on it:
-an engine left idle must stop spinning, or it takes llama.cpp's cores while the peer runs."""
+honours GOMP_SPINCOUNT under OMP_WAIT_POLICY=ACTIVE. Paired comparisons (compare:,
+docs/compare.md) rely on it: an engine left idle must stop spinning, or it takes the other
+side's cores while that side's turn runs."""
 
 import os
 import subprocess
@@ -33,7 +34,7 @@ def idle_cpu_s(env: dict) -> float:
 def test_a_finite_spin_count_lets_active_openmp_threads_go_idle():
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
     active = dict(base, OMP_WAIT_POLICY="ACTIVE")
-    # decode_pairs' default spin count: its worker thread sleeps well within the 0.5 s
+    # the spin count docs/compare.md advises: its worker thread sleeps well within the 0.5 s
     assert idle_cpu_s(dict(active, GOMP_SPINCOUNT="10000000")) < 0.2
     # without it the worker spins through the whole idle second
     assert idle_cpu_s(active) > 0.5

@@ -17,6 +17,7 @@ def test_summary_is_pairwise_and_counts_where_b_wins():
     assert s["ratio_of_medians"] == pytest.approx(1.2)
     assert s["pairwise_ratios"] == pytest.approx([1.25, 0.8, 1.2])
     assert s["pairwise_ratio_median"] == pytest.approx(1.2)
+    assert s["sign_test_p"] == 1.0  # 2 of 3: the sweep's sign test (results.pairs) says nothing
     assert s["pairs_b_faster"] == 2
 
 

@@ -136,3 +136,14 @@ def test_expand_is_deterministic_and_pure() -> None:
     sweep = load_sweep_file(VALID / "everything.yaml")
     assert expand(sweep) == expand(sweep)
     assert [a.index for a in expand(sweep)] == [0, 1, 2, 3]
+
+
+def test_quality_probe_is_id_neutral_off_and_part_of_the_id_on() -> None:
+    # off (the default, false or null) keeps the ids pinned above; on, true is the defaults
+    plain = expand(sweep_from_dict(_sweep()))[0].id
+    assert expand(sweep_from_dict(_sweep(workload={"quality": False})))[0].id == plain
+    on = expand(sweep_from_dict(_sweep(workload={"quality": True})))[0]
+    spelled = expand(sweep_from_dict(_sweep(workload={"quality": {"tokens": 32}})))[0]
+    assert on.id == spelled.id != plain
+    assert on.workload.quality == {"tokens": 32, "sequence_len": 128}
+    assert on.to_dict()["workload"]["quality"] == {"tokens": 32, "sequence_len": 128}
