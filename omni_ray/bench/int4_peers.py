@@ -366,10 +366,10 @@ def ratios_by_pass(records: list[dict]) -> dict[str, dict[int, float | None]]:
 def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | None) -> dict:
     """Each engine's decode against the bound of its regime (``speed_of_light.regime_bound``).
 
-    ``bandwidth``: a ``speed_of_light --regimes`` result (its ``regimes`` probes and ``llc``);
+    ``bandwidth``: a ``measure.bandwidth --regimes`` result (its ``regimes`` probes and ``llc``);
     an older one without them gives no regime, and fractions against its one DRAM-sized probe.
     """
-    from omni_ray.bench.speed_of_light import bytes_per_token, regime_bound
+    from omni_ray.measure.speed_of_light import bytes_per_token, regime_bound
     from omni_ray.measure.regime import DRAM_BOUND
 
     shape = get_shape(shape_name)
@@ -395,7 +395,7 @@ def speed_of_light(rows: dict, shape_name: str, art: dict, bandwidth: dict | Non
 
 def profile_bandwidth(profile: dict | None, shape_name: str, bw: float | None) -> dict | None:
     """GB/s the int4 GEMMs and the head GEMM reach inside the profiled decode step."""
-    from omni_ray.bench.speed_of_light import bytes_per_token
+    from omni_ray.measure.speed_of_light import bytes_per_token
 
     if not profile or profile.get("status") != "ok":
         return None
@@ -414,7 +414,7 @@ def profile_bandwidth(profile: dict | None, shape_name: str, bw: float | None) -
 
 
 def measure_bandwidth(cpus: list[int], log: Path) -> dict | None:
-    cmd = [sys.executable, "-m", "omni_ray.bench.speed_of_light", "--cpus",
+    cmd = [sys.executable, "-m", "omni_ray.measure.bandwidth", "--cpus",
            ",".join(map(str, cpus)), "--regimes"]
     env = os.environ | {"OMP_NUM_THREADS": str(len(cpus))}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

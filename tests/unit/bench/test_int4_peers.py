@@ -6,7 +6,13 @@ import pytest
 
 from omni_ray.bench import int4_peers
 from omni_ray.bench.speed_of_light import bytes_per_token, fraction, int4_linear_bytes
+from omni_ray.measure.regime import CACHE_RESIDENT, DRAM_BOUND
 from omni_ray.models.shapes import SHAPES
+
+MiB = 1 << 20
+SOL_LLC = 32 * MiB
+SOL_PROBES = {DRAM_BOUND: {"ceiling_gb_s": 40.0, "size_bytes": 1024 * MiB},
+              CACHE_RESIDENT: {"ceiling_gb_s": 200.0, "size_bytes": 8 * MiB}}
 
 
 def test_pass_order_rotates_so_no_arm_is_always_first():
@@ -220,3 +226,17 @@ def test_serial_kernels_reach_every_compiled_vllm_arm():
         for a in vllm}
     assert applied == {a["id"]: 1 if a["mode"] == "compiled" else None for a in vllm}
     assert int4_peers.build_parser().parse_args(["--serial-kernels"]).serial_kernels is True
+
+
+def test_int4_peers_rows_name_their_regime_and_probe():
+    art = {"gguf": {"bf16": {"bytes": 773_000_000}, "Q4_0": {"bytes": 250_000_000}}}
+    rows = {"vllm-int4-eager": {"decode_tok_s": 25.0}, "llamacpp-Q4_0": {"decode_tok_s": 30.0}}
+    bw = {"ceiling_gb_s": 40.0, "regimes": SOL_PROBES, "llc": {"bytes_for_cpus": SOL_LLC}}
+    sol = int4_peers.speed_of_light(rows, "qwen2.5-0.5b", art, bw)
+    assert {r["regime"] for r in sol["engines"].values()} == {DRAM_BOUND}
+    assert sol["engines"]["llamacpp-Q4_0"]["bandwidth_gb_s"] == 40.0
+    cell = int4_peers._sol_cell(sol["engines"]["llamacpp-Q4_0"])
+    assert cell == "19 % of DRAM probe (1024 MiB buffer), DRAM-bound"
+    tiny = {"gguf": {"bf16": {"bytes": 3_400_000}, "Q4_0": {"bytes": 1_000_000}}}
+    sol = int4_peers.speed_of_light(rows, "tiny", tiny, bw)
+    assert sol["engines"]["llamacpp-Q4_0"]["regime"] == CACHE_RESIDENT
