@@ -49,6 +49,11 @@ class EngineRequest:
     # Arms sharing this engine start (placement.share_engine, docs/serving.md): their
     # workloads, run after ``workload`` on the same engine, each giving a result of its own.
     then: tuple[WorkloadConfig, ...] = ()
+    # Probe the slot's read bandwidth for the decode speed of light before the engine loads
+    # (placement.bandwidth_probe; measure/bandwidth.py), cached in ``probe_cache_dir`` (the
+    # run's: once per slot and regime). Off by default: a developer probe or a test asks.
+    bandwidth_probe: bool = False
+    probe_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -108,7 +113,9 @@ class EngineRequest:
                    inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
                    window=d.get("window"), out_window=d.get("out_window"),
                    live_stats=bool(d.get("live_stats", False)),
-                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())))
+                   then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())),
+                   bandwidth_probe=bool(d.get("bandwidth_probe", False)),
+                   probe_cache_dir=d.get("probe_cache_dir"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -127,4 +134,5 @@ class EngineRequest:
                 "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
                 "window": self.window, "out_window": self.out_window,
                 "live_stats": self.live_stats,
-                "then": [w.to_dict() for w in self.then]}
+                "then": [w.to_dict() for w in self.then],
+                "bandwidth_probe": self.bandwidth_probe, "probe_cache_dir": self.probe_cache_dir}
