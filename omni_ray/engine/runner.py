@@ -154,13 +154,17 @@ def slot_probe(engine, req: EngineRequest, model_path: str) -> dict | None:
     if req.inputs_path is not None or req.workload is None:
         return None
     print(f"{PHASE_MARK}probing", flush=True)
-    weight_bytes = getattr(engine, "weight_bytes", None)
-    wb = weight_bytes(req, model_path) if weight_bytes else None
-    llc = detect_llc()
-    llc_bytes = llc.bytes_for(list(req.cpus) if req.cpus else None) if llc else None
-    probe = probe_slot(list(req.cpus) if req.cpus else None, probe_regime(wb, llc_bytes),
-                       llc_bytes, cache_dir=req.probe_cache_dir,
-                       memory_limit_mib=req.stage.memory_limit_mib)
+    try:  # a probe never fails an arm: it says why it has no figure
+        weight_bytes = getattr(engine, "weight_bytes", None)
+        wb = weight_bytes(req, model_path) if weight_bytes else None
+        llc = detect_llc()
+        llc_bytes = llc.bytes_for(list(req.cpus) if req.cpus else None) if llc else None
+        probe = probe_slot(list(req.cpus) if req.cpus else None, probe_regime(wb, llc_bytes),
+                           llc_bytes, cache_dir=req.probe_cache_dir,
+                           memory_limit_mib=req.stage.memory_limit_mib)
+    except Exception as exc:
+        traceback.print_exc()
+        probe = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
     print(f"omni-ray bandwidth probe: {json.dumps({k: probe.get(k) for k in PROBE_LOG})}",
           flush=True)
     return probe
@@ -170,14 +174,18 @@ PROBE_LOG = ("regime", "size_bytes", "ceiling_gb_s", "kernel", "cached", "probe_
 
 
 def speed_of_light(m: dict, probe: dict | None, workload) -> dict:
-    """The speed-of-light fields of a measured decode figure (``measure.speed_of_light``);
-    a probe that failed is recorded with its error."""
-    from omni_ray.measure.speed_of_light import PROBE_FIELDS, sol_fields
+    """The slot's probe (``sol_probe``, ``sol_bandwidth_gb_s``; a probe that failed with its
+    error) and, beside a decode figure, its speed-of-light fields (``measure.speed_of_light``)."""
+    from omni_ray.measure.speed_of_light import probe_record, sol_fields
 
-    if probe is None or m.get("decode_tok_s") is None:
+    if probe is None:
         return {}
-    out = sol_fields(m, probe, getattr(workload, "batch", 1) or 1)
-    return out or {"sol_probe": {k: probe.get(k) for k in PROBE_FIELDS if k in probe}}
+    out: dict = {"sol_probe": probe_record(probe)}
+    if probe.get("ceiling_gb_s"):
+        out["sol_bandwidth_gb_s"] = float(probe["ceiling_gb_s"])
+    if m.get("decode_tok_s") is not None:
+        out |= sol_fields(m, probe, getattr(workload, "batch", 1) or 1)
+    return out
 
 
 # What an engine start costs: measured once, in the record of the arm that started it; the

@@ -147,7 +147,10 @@ def probe_slot(cpus: list[int] | None, label: str, llc_bytes: int | None, *,
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return base | {"error": f"the probe exited with {proc.returncode}: {tail}"}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        out = json.loads((proc.stdout.strip().splitlines() or [""])[-1])
+    except ValueError:
+        return base | {"error": f"the probe printed no JSON: {proc.stdout[-200:]!r}"}
     out |= {"regime": label, "probe_s": round(probe_s, 3), "probed_at": at, "cached": False,
             "neighbour_cpu_frac": load["neighbour_cpu_frac"]}
     if path is not None:

@@ -171,7 +171,7 @@ def sol_fields(measurements: dict, probe: dict | None, batch: int = 1) -> dict:
     frac = tok_s / bound if bound else None
     name = probe_name(probe.get("regime") or DRAM_BOUND, probe)
     return {"weight_bytes_per_token": wb, "sol_bandwidth_gb_s": bw,
-            "sol_probe": {k: probe.get(k) for k in PROBE_FIELDS if k in probe} | {"name": name},
+            "sol_probe": probe_record(probe),
             "decode_sol_tok_s": bound, "decode_sol_frac": frac,
             "decode_sol_text": percent_text(frac, label, wb, llc, against=name) if same else
             f"- (the probe is the {probe.get('regime')} one, the figure {label or 'unknown'})"}
@@ -180,3 +180,11 @@ def sol_fields(measurements: dict, probe: dict | None, batch: int = 1) -> dict:
 # What a record keeps of the probe (the samples stay in the probe's cache file).
 PROBE_FIELDS = ("regime", "size_bytes", "kernel", "cpus", "threads", "repeats", "probe_s",
                 "probed_at", "cached", "neighbour_cpu_frac", "error")
+
+
+def probe_record(probe: dict) -> dict:
+    """What a record keeps of a probe (``PROBE_FIELDS``), with its ``name`` when it measured."""
+    out = {k: probe.get(k) for k in PROBE_FIELDS if k in probe}
+    if probe.get("ceiling_gb_s"):
+        out["name"] = probe_name(probe.get("regime") or DRAM_BOUND, probe)
+    return out

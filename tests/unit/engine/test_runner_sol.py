@@ -64,5 +64,20 @@ def test_a_failed_probe_is_recorded_beside_the_figure():
     m = {"decode_tok_s": 340.0, "decode_weight_bytes_per_token": 205_000_000}
     got = runner.speed_of_light(m, {"regime": DRAM_BOUND, "error": "timeout"}, None)
     assert got == {"sol_probe": {"regime": DRAM_BOUND, "error": "timeout"}}
-    assert runner.speed_of_light({"decode_tok_s": None}, {"ceiling_gb_s": 1.0}, None) == {}
     assert runner.speed_of_light(m, None, None) == {}
+
+
+def test_without_a_decode_figure_the_probe_is_still_recorded():
+    probe = {"regime": DRAM_BOUND, "ceiling_gb_s": 40.0, "size_bytes": 1 << 30}
+    got = runner.speed_of_light({"decode_tok_s": None}, probe, None)
+    assert got == {"sol_bandwidth_gb_s": 40.0, "sol_probe": {
+        "regime": DRAM_BOUND, "size_bytes": 1 << 30, "name": "DRAM probe (1024 MiB buffer)"}}
+
+
+def test_a_probe_that_raises_does_not_fail_the_arm(monkeypatch):
+    class Broken:
+        def weight_bytes(self, req, model_path):
+            raise OSError("no GGUF")
+
+    got = runner.slot_probe(Broken(), request(), "/m")
+    assert got == {"error": "OSError: no GGUF"}

@@ -59,3 +59,10 @@ def test_a_buffer_over_half_the_memory_limit_is_not_allocated():
 def test_no_cache_probe_without_an_llc():
     got = bandwidth.probe_slot([0], CACHE_RESIDENT, None)
     assert got["error"] == f"no {CACHE_RESIDENT} probe without the LLC size"
+
+
+def test_a_probe_that_prints_no_json_is_an_error(monkeypatch):
+    monkeypatch.setattr(bandwidth, "probe_command",
+                        lambda *a: [sys.executable, "-c", "print('hello')"])
+    got = bandwidth.probe_slot([0], CACHE_RESIDENT, 4 * MiB)
+    assert got["error"] == "the probe printed no JSON: 'hello\\n'"
