@@ -24,7 +24,7 @@ from omni_ray.topology.addresses import check_listen
 
 METRICS = ("ready_s", "init_s", "import_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
            "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "ttft_s", "prefill_tok_s",
-           "decode_tok_s", "kv_cache_tokens")
+           "decode_tok_s", "kv_cache_tokens", "decode_sol_frac")
 # A pipeline arm's own figures (docs/pipelines.md); its per-stage figures stay in the record.
 PIPELINE_METRICS = ("ready_s", "rss_anon_tree_mb", "pipeline_peak_rss_anon_mb",
                     "pipeline_e2e_s", "last_stage_first_token_s", "last_stage_decode_tok_s")

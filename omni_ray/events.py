@@ -48,7 +48,8 @@ class ArmStarted:
 @dataclasses.dataclass(frozen=True)
 class ArmProgress:
     """What a running arm pass is doing now: ``phase`` ("starting": the engine process is
-    importing; "loading": building the engine; "measuring": running the workload) and the
+    importing; "probing": the slot's bandwidth probe; "loading": building the engine;
+    "measuring": running the workload) and the
     engine tree's RssAnon in MiB (None until the first reading)."""
 
     task: Any

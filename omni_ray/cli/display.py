@@ -63,9 +63,9 @@ def header(total: int, skipped: int, dashboard_url: str | None) -> list[str]:
 
 
 def outcome(record: dict) -> str:
-    """What a recorded arm pass gave, in either view: its decode (with its regime) and RSS (a
-    pipeline's: its last stage's decode, its end-to-end and first-token times), or why it
-    failed."""
+    """What a recorded arm pass gave, in either view: its decode (with its regime and share of
+    the speed of light, over 100 % with why) and RSS (a pipeline's: its last stage's decode,
+    its end-to-end and first-token times), or why it failed."""
     if record["status"] != "ok":
         return f"{record['status'].upper()}: {record.get('error')}"
     m = record.get("measurements") or {}
@@ -75,7 +75,17 @@ def outcome(record: dict) -> str:
                 f"{_num(m.get('last_stage_first_token_s'), '.2f')} s, "
                 f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB "
                 f"(bottleneck: stage {_num(m.get('bottleneck_stage'), 'd')})")
-    regime = f" ({m['decode_regime']})" if m.get("decode_regime") else ""
+    said = [m["decode_regime"]] if m.get("decode_regime") else []
+    if m.get("decode_sol_frac") is not None:  # the share of the slot's speed of light
+        from omni_ray.measure.speed_of_light import over_reason
+
+        frac, why = m["decode_sol_frac"], ""
+        if frac > 1:
+            why = " (over 100 %: " + over_reason(m.get("decode_regime"),
+                                                 m.get("decode_weight_bytes_per_token"),
+                                                 m.get("llc_bytes")) + ")"
+        said.append(f"{frac * 100:.0f} % of SoL{why}")
+    regime = f" ({', '.join(said)})" if said else ""
     contended = ", CONTENDED" if record.get("contended") else ""
     shared = record.get("shared_engine") or {}
     if shared.get("position"):  # no start of its own: its peak, and whose engine it ran on

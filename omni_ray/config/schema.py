@@ -126,6 +126,7 @@ PLACEMENT_FIELDS: dict[str, f.Check] = {
     "ray_nodes": f.optional(f.ray_node_list),
     "replicas": f.replicas,
     "share_engine": f.boolean,
+    "bandwidth_probe": f.boolean,
 }
 
 NOISE_FIELDS: dict[str, f.Check] = {
@@ -342,6 +343,9 @@ class PlacementConfig(_Config):
     # Arms of one pass whose stage configs are equal run on one engine start, one after
     # another (docs/serving.md); false: a fresh engine process per arm.
     share_engine: bool = True
+    # Each slot's read bandwidth, probed once per run and regime before an engine loads, gives
+    # every decode figure its speed-of-light fraction (docs/measurements.md); false: no probe.
+    bandwidth_probe: bool = True
 
     def __post_init__(self) -> None:
         _recheck(self, PLACEMENT_FIELDS)

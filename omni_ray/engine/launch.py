@@ -54,8 +54,9 @@ _MARKERS = {
 _KV_TOKENS = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 
 
-# The runner says where it is in its log, one line each (PHASE_MARK): "loading" (building the
-# engine) and "measuring" (the workload); before the first, the process is "starting" (imports).
+# The runner says where it is in its log, one line each (PHASE_MARK): "probing" (the slot's
+# bandwidth probe, measure/bandwidth.py), "loading" (building the engine) and "measuring" (the
+# workload); before the first, the process is "starting" (imports).
 _PHASE = re.compile(r"^omni-ray phase: (\w+)$", re.M)
 
 

@@ -93,6 +93,11 @@ def run(req: EngineRequest) -> dict:
                                               simulated=req.simulated).to_dict()
     readback = PinningReadback(os.getpid(), cpus)
     engine = load_engine(req.engine)()
+    # before the sampler and the engine: the probe's buffer is in no figure, its time in no
+    # window (ready_s leaves it out)
+    probe_t0 = time.monotonic()
+    probe = slot_probe(engine, req, model_path) if req.bandwidth_probe else None
+    probe_s = time.monotonic() - probe_t0
 
     with TreeSampler(os.getpid()) as sampler:
         sampler.mark("start")
@@ -103,7 +108,7 @@ def run(req: EngineRequest) -> dict:
         if engine.resident:  # the model is held by this tree now: what "ready" costs
             time.sleep(0.3)
             m.update(
-                ready_s=time.time() - me.create_time(),
+                ready_s=time.time() - me.create_time() - probe_s,
                 rss_anon_mb=self_rss_anon_mb(os.getpid()),
                 rss_anon_tree_mb=sampler.settled_anon_mb(),
                 peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
@@ -126,10 +131,11 @@ def run(req: EngineRequest) -> dict:
             m.update(engine.run(session))
             m["measured_to"] = time.time()
             m.update(neighbours.stop())
+            m.update(speed_of_light(m, probe, req.workload))
             readback("end")  # a thread moved off the slot while measuring
         sampler.mark("end")
         m["peak_rss_anon_mb"] = sampler.peak_anon_mb(None, "end")
-        shared = [run_shared(engine, session, k, wl, engine_facts, readback)
+        shared = [run_shared(engine, session, k, wl, engine_facts, readback, probe)
                   for k, wl in enumerate(req.then, 1)]
         extra = engine.report()
         del engine
@@ -180,6 +186,51 @@ def take_turns(engine, session: Session, req: EngineRequest) -> list[dict]:
     return out
 
 
+def slot_probe(engine, req: EngineRequest, model_path: str) -> dict | None:
+    """The slot's read bandwidth in the regime the arm's decode needs (``measure.bandwidth``):
+    the weight bytes a token reads as the engine will hold them (``engine.weight_bytes``)
+    against the LLC of the slot's CPUs. None for a pipeline stage (no one weight stream)."""
+    from omni_ray.measure.bandwidth import probe_slot
+    from omni_ray.measure.speed_of_light import probe_regime
+    from omni_ray.topology.caches import detect_llc
+
+    if req.inputs_path is not None or req.workload is None:
+        return None
+    print(f"{PHASE_MARK}probing", flush=True)
+    try:  # a probe never fails an arm: it says why it has no figure
+        weight_bytes = getattr(engine, "weight_bytes", None)
+        wb = weight_bytes(req, model_path) if weight_bytes else None
+        llc = detect_llc()
+        llc_bytes = llc.bytes_for(list(req.cpus) if req.cpus else None) if llc else None
+        probe = probe_slot(list(req.cpus) if req.cpus else None, probe_regime(wb, llc_bytes),
+                           llc_bytes, cache_dir=req.probe_cache_dir,
+                           memory_limit_mib=req.stage.memory_limit_mib)
+    except Exception as exc:
+        traceback.print_exc()
+        probe = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    print(f"omni-ray bandwidth probe: {json.dumps({k: probe.get(k) for k in PROBE_LOG})}",
+          flush=True)
+    return probe
+
+
+PROBE_LOG = ("regime", "size_bytes", "ceiling_gb_s", "kernel", "cached", "probe_s", "error")
+
+
+def speed_of_light(m: dict, probe: dict | None, workload) -> dict:
+    """The slot's probe (``sol_probe``, ``sol_bandwidth_gb_s``; a probe that failed with its
+    error) and, beside a decode figure, its speed-of-light fields (``measure.speed_of_light``)."""
+    from omni_ray.measure.speed_of_light import probe_record, sol_fields
+
+    if probe is None:
+        return {}
+    out: dict = {"sol_probe": probe_record(probe)}
+    if probe.get("ceiling_gb_s"):
+        out["sol_bandwidth_gb_s"] = float(probe["ceiling_gb_s"])
+    if m.get("decode_tok_s") is not None:
+        out |= sol_fields(m, probe, getattr(workload, "batch", 1) or 1)
+    return out
+
+
 # What an engine start costs: measured once, in the record of the arm that started it; the
 # arms sharing the start (EngineRequest.then) say whose it was instead of copying them.
 START_FIGURES = ("ready_s", "import_s", "init_s", "rss_anon_mb", "rss_anon_tree_mb",
@@ -187,7 +238,7 @@ START_FIGURES = ("ready_s", "import_s", "init_s", "rss_anon_mb", "rss_anon_tree_
 
 
 def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
-               readback: PinningReadback) -> dict:
+               readback: PinningReadback, probe: dict | None = None) -> dict:
     """The ``k``-th arm sharing this engine start: its workload on the engine as the arms
     before it left it. Its measurements are the engine's facts (KV cache, pids; no start
     figures), its workload's figures and the tree's RssAnon peak while it ran (marks
@@ -206,6 +257,7 @@ def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
                 "measurements": m}
     m["measured_to"] = time.time()
+    m.update(speed_of_light(m, probe, workload))
     readback(f"shared arm {k} end")
     session.sampler.mark(end)
     m["peak_rss_anon_mb"] = session.sampler.peak_anon_mb(start, end)

@@ -73,6 +73,18 @@ class LlamaCppEngine:
         self.llama = llamacpp.ensure_built()
         return {"gguf_bytes": self.gguf.stat().st_size, "threads": slot_threads(session.req)}
 
+    def weight_bytes(self, req: EngineRequest, model_path: str) -> int | None:
+        """What a decode token reads: the GGUF's size (cached by ``prepare``; made here
+        otherwise). Its tokenizer metadata (a few MB) counts too, and an untied model's input
+        embedding, of which a token reads one row: a slight overcount."""
+        from omni_ray.peers import llamacpp
+
+        if self.gguf is None:
+            log = lambda line: print(line, flush=True)  # noqa: E731 - into the engine log
+            self.gguf = llamacpp.ensure_gguf(model_path, req.stage.dtype, req.stage.quantization,
+                                             log=log)
+        return self.gguf.stat().st_size
+
     def _bench(self, session: Session, label: str, **tests) -> dict:
         """One llama-bench run over the tuned settings in a child of this (pinned) process,
         sampled as the tree; the fastest setting's JSON record, with ``tried``."""

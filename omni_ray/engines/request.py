@@ -54,6 +54,11 @@ class EngineRequest:
     # figures to ``<turns_dir>/<k>.done.json``; the other side's turns come in between.
     turns: int = 0
     turns_dir: str | None = None
+    # Probe the slot's read bandwidth for the decode speed of light before the engine loads
+    # (placement.bandwidth_probe; measure/bandwidth.py), cached in ``probe_cache_dir`` (the
+    # run's: once per slot and regime). Off by default: a developer probe or a test asks.
+    bandwidth_probe: bool = False
+    probe_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage, StageConfig):
@@ -116,7 +121,9 @@ class EngineRequest:
                    window=d.get("window"), out_window=d.get("out_window"),
                    live_stats=bool(d.get("live_stats", False)),
                    then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())),
-                   turns=int(d.get("turns", 0)), turns_dir=d.get("turns_dir"))
+                   turns=int(d.get("turns", 0)), turns_dir=d.get("turns_dir"),
+                   bandwidth_probe=bool(d.get("bandwidth_probe", False)),
+                   probe_cache_dir=d.get("probe_cache_dir"))
 
     @classmethod
     def coerce(cls, req: EngineRequest | Mapping[str, Any]) -> EngineRequest:
@@ -136,4 +143,5 @@ class EngineRequest:
                 "window": self.window, "out_window": self.out_window,
                 "live_stats": self.live_stats,
                 "then": [w.to_dict() for w in self.then],
-                "turns": self.turns, "turns_dir": self.turns_dir}
+                "turns": self.turns, "turns_dir": self.turns_dir,
+                "bandwidth_probe": self.bandwidth_probe, "probe_cache_dir": self.probe_cache_dir}

@@ -103,7 +103,8 @@ class TransformersEngine:
         out |= timing_figures(t_one, t_n, batch=wl.batch, prompt_len=wl.prompt_len,
                               output_len=wl.output_len) | {"output_token_ids": first}
         if out.get("decode_tok_s") is not None:
-            out.update(decode_regime(session.model_path, req.cpus))
+            out.update(decode_regime(session.model_path, req.cpus,
+                                     self.weight_bytes(req, session.model_path)))
         if wl.quality is not None:  # after the speed, on the same model
             session.phase("quality")
             out.update(self.quality_probe(session, vocab))
@@ -127,6 +128,13 @@ class TransformersEngine:
         return probe_figures(ids=ids, logprobs=logprobs, greedy_ids=greedy, tokens=q["tokens"],
                              model_path=session.model_path, dtype=req.stage.dtype,
                              quantization=req.stage.quantization)
+
+    @staticmethod
+    def weight_bytes(req: EngineRequest, model_path: str) -> int | None:
+        """What a decode token reads: the checkpoint in the stage's dtype."""
+        from omni_ray.engines.vllm import checkpoint_weight_bytes
+
+        return checkpoint_weight_bytes(model_path, None, req.stage.dtype)
 
     def report(self) -> dict:
         versions = {"transformers": self.transformers.__version__,

@@ -299,19 +299,31 @@ def timing_figures(t_one: list[float], t_n: list[float], *, batch: int, prompt_l
     )
 
 
-def decode_regime(model_path: str, cpus, weight_bytes: int | None = ...) -> dict:
+def checkpoint_weight_bytes(model_path: str, quantization: str | None = None,
+                            dtype: str | None = None) -> int | None:
+    """The weight bytes a decode token reads from the engine's copy of ``model_path``'s
+    checkpoint (``measure.regime.checkpoint_bytes_per_token``: int4 bytes for cpu_int4
+    quantized at load, floats at the stage's dtype); None when the checkpoint cannot be read."""
+    from omni_ray.measure.regime import checkpoint_bytes_per_token
+
+    try:
+        return checkpoint_bytes_per_token(model_path, quantization, dtype)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def decode_regime(model_path: str, cpus, weight_bytes: int | None = ...,
+                  quantization: str | None = None, dtype: str | None = None) -> dict:
     """Whether the weights a decode token reads fit in the LLC of the CPUs used, with both
     numbers (``omni_ray.measure.regime``; the LLC from sysfs). ``weight_bytes``: given by an
-    engine whose weights are not the checkpoint's (a GGUF); default: read from the checkpoint."""
-    from omni_ray.measure.regime import checkpoint_bytes_per_token, describe
+    engine whose weights are not the checkpoint's (a GGUF); default: read from the checkpoint
+    as the engine holds it (``checkpoint_weight_bytes``)."""
+    from omni_ray.measure.regime import describe
     from omni_ray.topology.caches import detect_llc
 
     llc = detect_llc()
     if weight_bytes is ...:
-        try:
-            weight_bytes = checkpoint_bytes_per_token(model_path)
-        except (OSError, ValueError, KeyError):
-            weight_bytes = None
+        weight_bytes = checkpoint_weight_bytes(model_path, quantization, dtype)
     return describe(weight_bytes, llc.bytes_for(list(cpus) if cpus else None) if llc else None)
 
 
@@ -388,11 +400,18 @@ class VllmEngine:
         m = run_workload(self.llm, req.workload, vocab, session.sampler, req.seed,
                          session.progress)
         if m.get("decode_tok_s") is not None:
-            m.update(decode_regime(session.model_path, req.cpus))
+            m.update(decode_regime(session.model_path, req.cpus,
+                                   self.weight_bytes(req, session.model_path)))
         if req.workload.quality is not None:  # after the speed, on the same engine
             session.phase("quality")
             m.update(quality_probe(self.llm, req, session.model_path, vocab))
         return m
+
+    @staticmethod
+    def weight_bytes(req: EngineRequest, model_path: str) -> int | None:
+        """What a decode token reads: the checkpoint as this engine holds it (cpu_int4
+        quantized at load reads int4 bytes, not the bf16 checkpoint's)."""
+        return checkpoint_weight_bytes(model_path, req.stage.quantization, req.stage.dtype)
 
     def report(self) -> dict:
         out = {"patch_report": self._omni.patch_report(), "kernels": self._omni.kernel_report()}

@@ -120,8 +120,11 @@ class StageActor:
 
     def run(self, req: EngineRequest, workdir: str, name: str, timeout_s: float,
             warm_start: bool, barrier: bool = False) -> dict:
+        # the bandwidth probe's cache: this run's, this sitting's (a --resume probes again)
+        sitting = ray.get_runtime_context().get_job_id()
         req = dataclasses.replace(req, cpus=tuple(self.slot.cpus), node=self.slot.node,
-                                  simulated=self.topology.simulated)
+                                  simulated=self.topology.simulated,
+                                  probe_cache_dir=str(Path(workdir) / "bandwidth" / sitting))
         if barrier:  # a replica: measure when go() says every one is ready
             self._go_file = Path(workdir) / f"{name}.go"
             req = dataclasses.replace(req, go_file=str(self._go_file), go_timeout_s=timeout_s)

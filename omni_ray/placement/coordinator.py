@@ -138,8 +138,13 @@ def resolve_models(arms: Sequence[Arm]) -> None:
         resolve_model(model)
 
 
-def engine_request(arm: Arm, seed: int, live_stats: bool = False) -> EngineRequest:
-    return dataclasses.replace(EngineRequest.for_arm(arm, seed), live_stats=live_stats)
+def engine_request(task: Task, live_stats: bool = False) -> EngineRequest:
+    """An arm pass's request; its decode gets the slot's bandwidth probe unless the sweep says
+    ``placement.bandwidth_probe: false`` or the arm is a pipeline (no one weight stream)."""
+    arm = task.arm
+    probe = task.sweep.placement.bandwidth_probe and not arm.stages
+    return dataclasses.replace(EngineRequest.for_arm(arm, task.pass_no), live_stats=live_stats,
+                               bandwidth_probe=probe)
 
 
 def died_result(log_dir: Path, name: str, error: str) -> dict:
@@ -283,7 +288,7 @@ class Coordinator:
         where = ray.get(actor.where.remote())
         for t in tasks:
             self._emit(self.events.on_dispatch, t, slot_name)
-        req = dataclasses.replace(engine_request(task.arm, task.pass_no, self.live_stats),
+        req = dataclasses.replace(engine_request(task, self.live_stats),
                                   then=tuple(t.arm.workload for t in tasks[1:]))
         ref = actor.run.remote(req, str(task.out_dir / "logs"), task.name,
                                sum(t.arm.timeout_s for t in tasks), task.arm.stage.warm_start)
@@ -463,7 +468,7 @@ class Coordinator:
             if held is None:
                 return
             actors, wheres, pf = held
-            req = engine_request(task.arm, task.pass_no, self.live_stats)
+            req = engine_request(task, self.live_stats)
             with self._running_replicated(task.sweep.name):
                 refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
                                      task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
@@ -491,7 +496,7 @@ class Coordinator:
                 return
             actors, wheres, pf = held
             req = dataclasses.replace(
-                engine_request(task.arm, task.pass_no, self.live_stats),
+                engine_request(task, self.live_stats),
                 node_cpus=tuple((w["numa_node"], tuple(w["slot"]["cpus"])) for w in wheres[1:]))
             with self._running_replicated(task.sweep.name):
                 result = self._result_of(task, task.name, slots[0], actors[0].run.remote(
@@ -535,7 +540,8 @@ class Coordinator:
                 self._emit(self.events.on_note, Note(
                     f"pairs: {arm.label} vs {base.label}, {compare.pairs} turns each on "
                     f"{slots[0].label}"))
-                reqs = (engine_request(arm, 1), engine_request(base, 1))
+                # no bandwidth probe: a pair's figure is the ratio of its two sides
+                reqs = (EngineRequest.for_arm(arm, 1), EngineRequest.for_arm(base, 1))
                 with self._running_replicated(sweep.name):
                     result = self._result_of(task, f"{name}.a", slots[0],
                                              actors[0].run_pair.remote(

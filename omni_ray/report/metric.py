@@ -28,6 +28,10 @@ def _memory(name: str, title: str, band: float) -> Metric:
 # In the order a table shows them: the headline figures first.
 METRICS: tuple[Metric, ...] = (
     Metric("decode_tok_s", "decode", "tok/s", True, 6.0),
+    # decode tok/s over the slot's speed of light (docs/sizes.md#speed-of-light-per-regime);
+    # summary.md names the probe and regime, and says why above 1
+    Metric("decode_sol_frac", "decode / speed of light", "fraction", True, 6.0,
+           better="closer", worse="further"),
     # a pipeline's (docs/pipelines.md): its last stage's decode, end to end, first token
     Metric("last_stage_decode_tok_s", "last stage decode", "tok/s", True, 6.0),
     Metric("pipeline_e2e_s", "pipeline e2e", "s", False, 6.0),

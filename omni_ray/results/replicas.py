@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SUMMED = ("decode_tok_s", "prefill_tok_s", "rss_anon_tree_mb", "peak_rss_anon_mb",
-          "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "kv_cache_tokens")
+          "peak_rss_anon_during_load_mb", "rss_anon_at_context_mb", "kv_cache_tokens",
+          # each replica's slot was probed on its own: the machine's bound is their sum
+          "sol_bandwidth_gb_s", "decode_sol_tok_s")
 SLOWEST = ("ready_s", "init_s", "import_s", "ttft_s", "decode_ms_per_token",
            "neighbour_cpu_frac")  # the most disturbed replica speaks for the arm
-SAME = ("decode_regime", "weight_bytes_per_token", "llc_bytes")  # kept when every replica agrees
+SAME = ("decode_regime", "weight_bytes_per_token", "decode_weight_bytes_per_token",
+        "llc_bytes")  # kept when every replica agrees
 
 
 def overlap(windows: Sequence[tuple[float, float] | None]) -> float | None:
@@ -50,6 +53,15 @@ def aggregate(results: Sequence[dict]) -> dict:
         values = {repr(p.get(key)) for p in per}
         if len(values) == 1 and per and per[0].get(key) is not None:
             m[key] = per[0][key]
+    if any(p.get("sol_probe") for p in per):
+        m["sol_probe_replicas"] = [p.get("sol_probe") for p in per]
+    if m.get("decode_tok_s") and m.get("decode_sol_tok_s"):
+        from omni_ray.measure.speed_of_light import percent_text
+
+        m["decode_sol_frac"] = m["decode_tok_s"] / m["decode_sol_tok_s"]
+        m["decode_sol_text"] = percent_text(
+            m["decode_sol_frac"], m.get("decode_regime"), m.get("decode_weight_bytes_per_token"),
+            m.get("llc_bytes"), against="the replicas' probes summed")
     m["replica_overlap"] = overlap([
         (p["measured_from"], p["measured_to"]) if "measured_from" in p and "measured_to" in p
         else None for p in per])

@@ -16,6 +16,11 @@ a NOT A RANKING note: the order between them is noise.
 Each arm also carries the regime of its decode figures (``decode_regime``: cache-resident or
 DRAM-bound, from the records' measurements) and the CPU they ran on (``hardware``: model, ISA,
 LLC, from the records' provenance); the markdown names both.
+
+And, when its records carry the slot's bandwidth probe (``placement.bandwidth_probe``), its
+decode figure's share of the speed of light (``speed_of_light``: the median of the passes'
+``decode_sol_frac``, the regime and the probe it was taken against); the markdown's
+``decode % of SoL`` column says which probe, and a share over 100 % carries its reason.
 """
 
 from __future__ import annotations
@@ -153,6 +158,9 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
             if measured.get(key):  # llama.cpp's fastest setting, per pass: how often each won
                 won = entry.setdefault("llamacpp_settings", {}).setdefault(figure, {})
                 won[measured[key]] = won.get(measured[key], 0) + 1
+        if measured.get("decode_sol_frac") is not None:
+            sol = entry.setdefault("_sol", [])
+            sol.append(measured)
         hw = hardware(rec.get("provenance"))
         if hw and hw not in entry.setdefault("hardware", []):
             entry["hardware"].append(hw)
@@ -172,6 +180,8 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
         if entry.get("shared_start_of"):
             arm_flags.append("SHARED START (" + ", ".join(entry["shared_start_of"]) + ")")
         entry["flags"] = arm_flags
+        if entry.get("_sol"):
+            entry["speed_of_light"] = speed_of_light(entry.pop("_sol"))
         entry["metrics"] = {}
         for m in metrics:
             vals = values[arm_id][m]
@@ -193,6 +203,38 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
         seen_hw += [h for h in e.get("hardware", []) if h not in seen_hw]
     return {"metrics": list(metrics), "noise_pct": noise_pct, "arms": arms, "notes": notes,
             "hardware": seen_hw}
+
+
+def speed_of_light(measured: list[dict]) -> dict:
+    """One arm's decode share of the speed of light over its passes (``measured``: the
+    measurements of passes with a ``decode_sol_frac``): the median share, its range, the
+    regime and probe(s) it was taken against, and the text a table shows (over 100 %: why)."""
+    fracs = [float(m["decode_sol_frac"]) for m in measured]
+    first = measured[0]
+    regime = first.get("decode_regime") or (first.get("sol_probe") or {}).get("regime")
+    probes = list(dict.fromkeys(
+        (m.get("sol_probe") or {}).get("name") or "the replicas' probes summed"
+        for m in measured))
+    bws = [float(m["sol_bandwidth_gb_s"]) for m in measured
+           if _number(m.get("sol_bandwidth_gb_s")) is not None]
+    frac = statistics.median(fracs)
+    return {"fraction": frac, "min": min(fracs), "max": max(fracs), "n": len(fracs),
+            "regime": regime, "probes": probes,
+            "bandwidth_gb_s": statistics.median(bws) if bws else None,
+            "weight_bytes_per_token": first.get("decode_weight_bytes_per_token"),
+            "llc_bytes": first.get("llc_bytes"),
+            "text": sol_text(frac, regime, probes, first.get("decode_weight_bytes_per_token"),
+                             first.get("llc_bytes"))}
+
+
+def sol_text(frac: float, regime: str | None, probes: list[str], weight_bytes: int | None,
+             llc_bytes: int | None) -> str:
+    """``"87 % of DRAM probe (1024 MiB buffer), DRAM-bound"``; over 100 % with its reason."""
+    from omni_ray.measure.speed_of_light import percent_text
+
+    text = percent_text(frac, regime, weight_bytes, llc_bytes, against=" / ".join(probes))
+    return text.replace(" (over 100 %", f", {regime or 'no regime'} (over 100 %", 1) \
+        if frac > 1 else f"{text}, {regime or 'no regime'}"
 
 
 # py-cpuinfo's spelling -> the kernel's (/proc/cpuinfo), as topology.detection aliases them.
@@ -227,7 +269,9 @@ def _stat(d: dict) -> Stat:
     return Stat(*(d[f] for f in Stat._fields))
 
 
-_CSV_FIELDS = ("arm", "metric", "n", "n_failed", "median", "min", "max", "spread_pct", "flags")
+_CSV_FIELDS = ("arm", "metric", "n", "n_failed", "median", "min", "max", "spread_pct", "flags",
+               "note")
+SOL_METRIC = "decode_sol_frac"  # its csv rows note the regime and probe; markdown: its text
 
 
 def to_csv(summary: dict) -> str:
@@ -239,12 +283,14 @@ def to_csv(summary: dict) -> str:
         for m in summary["metrics"]:
             s = entry["metrics"].get(m)
             row_flags = entry["flags"] + ([f for f in s["flags"] if f != "CONTENDED"] if s else [])
+            note = (entry.get("speed_of_light") or {}).get("text", "") if m == SOL_METRIC else ""
             if s is None:
-                w.writerow([arm_id, m, 0, entry["n_failed"], "", "", "", "", ";".join(row_flags)])
+                w.writerow([arm_id, m, 0, entry["n_failed"], "", "", "", "", ";".join(row_flags),
+                            note])
                 continue
             spread = "" if s["spread_pct"] is None else round(s["spread_pct"], 3)
             w.writerow([arm_id, m, s["n"], entry["n_failed"], s["median"], s["min"], s["max"],
-                        spread, ";".join(row_flags)])
+                        spread, ";".join(row_flags), note])
     return buf.getvalue()
 
 
@@ -257,12 +303,14 @@ def _cell(s: dict | None) -> str:
 
 def to_markdown(summary: dict) -> str:
     """Arm x metric table of "median (spread%)", a flags column, then the notes."""
-    metrics = summary["metrics"]
+    metrics = [m for m in summary["metrics"] if m != SOL_METRIC]  # shown as its text
     labels = summary.get("labels") or {}
     regimes = any(e.get("decode_regime") for e in summary["arms"].values())
+    sol = any(e.get("speed_of_light") for e in summary["arms"].values())
     lines = ["| arm | " + " | ".join(metrics) + (" | decode regime" if regimes else "")
-             + " | n | flags |",
-             "|---|" + "---:|" * len(metrics) + ("---|" if regimes else "") + "---:|---|"]
+             + (" | decode % of SoL" if sol else "") + " | n | flags |",
+             "|---|" + "---:|" * len(metrics) + ("---|" if regimes else "")
+             + ("---|" if sol else "") + "---:|---|"]
     for arm_id, entry in summary["arms"].items():
         arm_flags = list(entry["flags"])
         single = noisy = False
@@ -283,6 +331,8 @@ def to_markdown(summary: dict) -> str:
         cells = [_cell(entry["metrics"].get(m)) for m in metrics]
         name = f"{labels[arm_id]} ({arm_id})" if arm_id in labels else arm_id
         regime = " | " + (", ".join(entry.get("decode_regime") or []) or "-") if regimes else ""
+        if sol:
+            regime += " | " + (entry.get("speed_of_light") or {}).get("text", "-")
         lines.append(f"| {name} | " + " | ".join(cells) + regime + f" | {n_text} | "
                      + ", ".join(arm_flags) + " |")
     out = "\n".join(lines) + "\n"
@@ -292,6 +342,11 @@ def to_markdown(summary: dict) -> str:
     if regimes:
         out += ("decode regime: cache-resident when the weight bytes a token reads fit in the "
                 "LLC of the CPUs used, else DRAM-bound.\n")
+    if sol:
+        out += ("decode % of SoL: the median over passes of decode tok/s over its speed of light, "
+                "batch x the slot's read bandwidth (the probe of the figure's regime, measured "
+                "on the slot's CPUs before the engine loaded) / the weight bytes a token reads; "
+                "over 100 % says why.\n")
     for hw in summary.get("hardware") or []:
         out += f"CPU: {hw}\n"
     won = {arm_id: e["llamacpp_settings"] for arm_id, e in summary["arms"].items()

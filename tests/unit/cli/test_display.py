@@ -150,6 +150,16 @@ def test_a_decode_figure_says_its_regime():
     assert "decode 812.3 tok/s (cache-resident), rss 478 MiB" in out.getvalue()
 
 
+def test_a_decode_figure_says_its_share_of_the_speed_of_light():
+    out = io.StringIO()
+    view = Progress(out)
+    view(events.Started(1, 0, None))
+    view(events.ArmDone(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 170.2, "decode_regime": "DRAM-bound", "decode_sol_frac": 0.8712,
+        "rss_anon_tree_mb": 1127.0}}))
+    assert "decode 170.2 tok/s (DRAM-bound, 87 % of SoL), rss 1127 MiB" in out.getvalue()
+
+
 def test_both_views_say_a_recorded_arm_the_same_way():
     record = {"status": "ok", "slot": {}, "measurements": {
         "decode_tok_s": 812.34, "decode_regime": "DRAM-bound", "rss_anon_tree_mb": 478.2}}
@@ -159,3 +169,14 @@ def test_both_views_say_a_recorded_arm_the_same_way():
         view(events.ArmStarted(task(), "n0s0"))
         view(events.ArmDone(task(), record))
     assert "batch=1 pass 2: decode 812.3 tok/s (DRAM-bound), rss 478 MiB" in buf.getvalue()
+
+
+def test_a_share_over_100_percent_says_why():
+    out = io.StringIO()
+    view = Progress(out)
+    view(events.Started(1, 0, None))
+    view(events.ArmDone(task(), {"status": "ok", "slot": {}, "measurements": {
+        "decode_tok_s": 3000.0, "decode_regime": "cache-resident", "decode_sol_frac": 1.18,
+        "rss_anon_tree_mb": 478.2}}))
+    assert ("(cache-resident, 118 % of SoL (over 100 %: the one-kernel cache probe is slower "
+            "than the engine's reads from cache))") in out.getvalue()

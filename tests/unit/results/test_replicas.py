@@ -49,3 +49,19 @@ def test_violations_of_every_replica_are_kept():
     out = aggregate([a, b])
     assert out["pinning"]["violations"] == ["pid 1 tid 2: allowed on CPUs 0-1"]
     assert len(out["pinning"]["replicas"]) == 2
+
+
+def test_the_speed_of_light_of_replicas_is_the_sum_of_their_slots():
+    sol = {"decode_weight_bytes_per_token": 205_000_000, "llc_bytes": 32 << 20,
+           "decode_regime": "DRAM-bound"}
+    out = aggregate([
+        replica(80.0, 1000.0, 480.0, sol_bandwidth_gb_s=20.0, decode_sol_tok_s=100.0,
+                sol_probe={"name": "DRAM probe (1024 MiB buffer)"}, **sol),
+        replica(90.0, 900.0, 500.0, sol_bandwidth_gb_s=25.0, decode_sol_tok_s=120.0,
+                sol_probe={"name": "DRAM probe (1024 MiB buffer)"}, **sol)])
+    m = out["measurements"]
+    assert m["sol_bandwidth_gb_s"] == 45.0 and m["decode_sol_tok_s"] == 220.0
+    assert m["decode_sol_frac"] == pytest.approx(170 / 220)
+    assert m["decode_sol_text"] == "77 % of the replicas' probes summed"
+    assert len(m["sol_probe_replicas"]) == 2
+    assert m["decode_weight_bytes_per_token"] == 205_000_000
