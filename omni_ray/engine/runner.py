@@ -249,6 +249,8 @@ def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
     session.phase("measuring")
     start, end = f"shared{k}_start", f"shared{k}_end"
     session.sampler.mark(start)
+    cpus = list(session.req.cpus) if session.req.cpus else sorted(os.sched_getaffinity(0))
+    neighbours = NeighbourLoad(os.getpid(), cpus)  # its own run's neighbours, as the first arm's
     m = dict(engine_facts, measured_from=time.time())
     try:
         m.update(engine.run(session))
@@ -257,6 +259,7 @@ def run_shared(engine, session: Session, k: int, workload, engine_facts: dict,
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
                 "measurements": m}
     m["measured_to"] = time.time()
+    m.update(neighbours.stop())
     m.update(speed_of_light(m, probe, workload))
     readback(f"shared arm {k} end")
     session.sampler.mark(end)
