@@ -174,7 +174,7 @@ def take_turns(engine, session: Session, req: EngineRequest) -> list[dict]:
             time.sleep(0.005)
         session.phase("measuring")
         neighbours = NeighbourLoad(os.getpid(), cpus)
-        m = {"turn": k, "measured_from": time.time()}
+        m = {"turn": k, "pid": os.getpid(), "measured_from": time.time()}
         m.update(engine.run(session))
         m["measured_to"] = time.time()
         m.update(neighbours.stop())
