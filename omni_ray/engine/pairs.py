@@ -62,12 +62,17 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
         t.start()
     order: list[list[int]] = []
     error = None
+    either_ended = lambda: any(r is not None for r in results)  # noqa: E731
     if _wait(lambda: all(_phase(workdir / f"{name}.{s}.log") == "waiting" for s in SIDES),
-             results, t0 + timeout_s):
+             either_ended, t0 + timeout_s):
         for k, side in turn_order(pairs):
             (dirs[side] / f"{k}.go").touch()
             done = dirs[side] / f"{k}.done.json"
-            if not _wait(done.exists, results, t0 + timeout_s):
+            # the other side ends once its last turn is done: only this side's end, or a
+            # failure of either, stops the wait
+            stop = (lambda side=side: results[side] is not None  # noqa: E731
+                    or any(r is not None and r["status"] != "ok" for r in results))
+            if not _wait(done.exists, stop, t0 + timeout_s):
                 error = f"pair {k}: side {SIDES[side]} did not finish its turn"
                 break
             order.append([k, side])
@@ -94,10 +99,10 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
     return out
 
 
-def _wait(cond: Callable[[], bool], results: list, deadline: float) -> bool:
-    """Until ``cond()`` (True), a side's process ended or the deadline (False)."""
+def _wait(cond: Callable[[], bool], stop: Callable[[], bool], deadline: float) -> bool:
+    """Until ``cond()`` (True), or ``stop()`` or the deadline (then ``cond()`` once more)."""
     while not cond():
-        if any(r is not None for r in results) or time.monotonic() > deadline:
+        if stop() or time.monotonic() > deadline:
             return cond()
         time.sleep(POLL_S)
     return True
