@@ -82,6 +82,7 @@ def run(req: EngineRequest) -> dict:
     from omni_ray.models.build import resolve_model
 
     me = psutil.Process()
+    ld_preload = os.environ.get("LD_PRELOAD", "")  # as it started: vLLM appends its libgomp later
     model_path = str(resolve_model(req.model))
     cpus = list(req.cpus) if req.cpus else None
     pinning: dict = {"requested_cpus": cpus, "node": req.node,
@@ -114,8 +115,8 @@ def run(req: EngineRequest) -> dict:
                 peak_rss_anon_during_load_mb=sampler.peak_anon_mb("load_start", "ready"),
                 engine_pids=sorted(p.pid for p in [me, *me.children(recursive=True)]))
         m.update(facts)
-        if os.environ.get("LD_PRELOAD"):
-            m["preloaded"] = preloaded(os.environ["LD_PRELOAD"])
+        if ld_preload:
+            m["preloaded"] = preloaded(ld_preload)
         if req.go_file:  # a replica: loaded, it measures with the others (then says so)
             m.update(wait_for_go(req.go_file, req.go_timeout_s))
         else:
