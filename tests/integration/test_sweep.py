@@ -152,8 +152,8 @@ def test_offline_arms_differing_in_workload_share_one_engine_start(local_ray, tm
     axis = {"prompt_len": [8, 16]}
     shared = omni_ray.run_sweep(sweep("share", matrix=axis), out=tmp_path / "on",
                                 allow_busy=True)
-    fresh = omni_ray.run_sweep(sweep("share", matrix=axis, placement={"share_engine": False}),
-                               out=tmp_path / "off", allow_busy=True)
+    fresh = omni_ray.run_sweep(sweep("share", matrix=axis, placement={
+        "share_engine": False, "bandwidth_probe": False}), out=tmp_path / "off", allow_busy=True)
     for report in (shared, fresh):
         assert len(report.records) == 2 and report.failed == 0, \
             [r.get("error") for r in report.records]
@@ -173,3 +173,17 @@ def test_offline_arms_differing_in_workload_share_one_engine_start(local_ray, tm
     for r in shared.records:
         assert r["measurements"]["output_token_ids"] == tokens[r["arm"]["id"]], r["arm"]["label"]
         assert len(r["measurements"]["output_token_ids"]) == 8
+    # the slot's bandwidth, probed once on its CPUs before the engine loaded, gives each
+    # decode figure its speed of light; the tiny model fits in any LLC: the cache probe
+    for r in shared.records:
+        m = r["measurements"]
+        assert m["sol_bandwidth_gb_s"] > 0 and m["sol_probe"]["cpus"] == r["slot"]["slot"]["cpus"]
+        assert m["sol_probe"]["regime"] == "cache-resident"
+        if m["decode_tok_s"] is not None:  # none when contention made t(n) <= t(1)
+            assert m["decode_regime"] == "cache-resident"
+            assert m["weight_bytes_per_token"] == m["decode_weight_bytes_per_token"] > 0
+            assert m["decode_sol_tok_s"] > 0 and m["decode_sol_frac"] == pytest.approx(
+                m["decode_tok_s"] / m["decode_sol_tok_s"])
+    assert first["measurements"]["sol_probe"] == second["measurements"]["sol_probe"]
+    assert "| decode % of SoL |" in (shared.out_dirs["share"] / "summary.md").read_text()
+    assert all("sol_bandwidth_gb_s" not in r["measurements"] for r in fresh.records)  # off
