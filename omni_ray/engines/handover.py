@@ -137,21 +137,24 @@ def append_line(path: str, obj: dict) -> None:
 
 
 class LineReader:
-    """An inbox read as it grows, by whole lines (nothing before the file exists)."""
+    """An inbox read as it grows, by whole lines (nothing before the file exists). The file
+    stays open: each poll is one ``read`` of what was appended since the last."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.offset = path, 0
+        self.path = path
+        self._file = None
+        self._rest = b""  # a line being written waits for its end
 
     def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                new = f.read()
-        except FileNotFoundError:
-            return []
-        new = new[:new.rfind(b"\n") + 1]  # a line being written waits for its end
-        self.offset += len(new)
-        return [json.loads(line) for line in new.splitlines() if line.strip()]
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb", buffering=0)
+            except FileNotFoundError:
+                return []
+        data = self._rest + (self._file.read() or b"")
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        return [json.loads(line) for line in data[:cut].splitlines() if line.strip()]
 
 
 class RequestOutbox:

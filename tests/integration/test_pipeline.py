@@ -287,3 +287,35 @@ def test_a_serving_stage_that_fails_to_start_fails_the_arm_naming_it(tmp_path):
     assert res["error"].startswith("stage 1 (tiny): "), res["error"]
     assert res["stages"][0]["status"] == "failed"  # told to give up, not left to time out
     assert "no input: stage 1 failed" in res["stages"][0]["error"]
+
+
+@pytest.mark.timeout(1800)
+def test_a_serving_pipeline_sweep_on_ray_records_the_pipeline_s_load_points(tmp_path):
+    import ray
+
+    import omni_ray
+    from omni_ray.placement.cluster import connect
+
+    cfg = {"name": "pipeserve", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 2},
+           "workload": {"mode": "serving", "request_rate": [4, "inf"], "num_requests": 4,
+                        "warmup_requests": 1, "prompt_len": 16, "output_len": 8,
+                        "percentiles": [90], "slo": {"ttft_ms": 10000}, "detokenize": False},
+           "stages": [{"kv_cache_mib": 16, "max_model_len": 128, "cores": 1},
+                      {"kv_cache_mib": 16, "max_model_len": 128}]}
+    connect(None, [2])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    finally:
+        ray.shutdown()
+    (rec,) = report.records
+    assert rec["status"] == "ok", (rec.get("error"), rec.get("stderr_tail"))
+    assert [s["pinning"]["allowed_cpus"] for s in rec["stages"]] == [
+        [c] for c in rec["slot"]["slot"]["cpus"]]
+    m = rec["measurements"]
+    assert [p["request_rate"] for p in m["serving"]] == [4.0, "inf"]
+    for point in m["serving"]:
+        assert point["completed"] == 4 and point["good_requests"] == 4
+        assert [s["requests"] for s in point["stages"]] == [4, 4]
+    summary = (report.out_dirs["pipeserve"] / "summary.md").read_text()
+    assert "## Serving load points" in summary
