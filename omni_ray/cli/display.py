@@ -65,10 +65,18 @@ def header(total: int, skipped: int, dashboard_url: str | None) -> list[str]:
 def outcome(record: dict) -> str:
     """What a recorded arm pass gave, in either view: its decode (with its regime and share of
     the speed of light, over 100 % with why) and RSS (a pipeline's: its last stage's decode,
-    its end-to-end and first-token times), or why it failed."""
+    its end-to-end and first-token times; a serving pipeline's: its first load point's
+    throughput, TTFT and E2E), or why it failed."""
     if record["status"] != "ok":
         return f"{record['status'].upper()}: {record.get('error')}"
     m = record.get("measurements") or {}
+    if record.get("stages") and m.get("serving"):  # a serving pipeline: its first load point
+        first = m["serving"][0]
+        return (f"{len(m['serving'])} load point(s), the first: "
+                f"{_num(first.get('request_throughput'), '.2f')} req/s, pipeline TTFT p50 "
+                f"{_num((first.get('ttft_ms') or {}).get('median'), '.0f')} ms, E2E p50 "
+                f"{_num((first.get('e2e_ms') or {}).get('median'), '.0f')} ms, "
+                f"rss {_num(m.get('rss_anon_tree_mb'), '.0f')} MiB")
     if record.get("stages"):  # a pipeline: its last stage's decode, and the pipeline's own
         return (f"last stage decode {_num(m.get('last_stage_decode_tok_s'), '.1f')} tok/s, "
                 f"e2e {_num(m.get('pipeline_e2e_s'), '.2f')} s, first token "

@@ -215,11 +215,10 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
     """A pipeline arm: every stage as a stage, the cores split of one slot, the token lengths.
 
     Stage 0 reads ``prompt_len`` tokens; every stage writes ``output_len`` tokens, which are the
-    next stage's prompt (docs/pipelines.md)."""
+    next stage's prompt (docs/pipelines.md). Serving: the longest of each drawn, and a streamed
+    edge needs one output length to cut into windows."""
     which = "" if arm.label == "base" else f" (arm {arm.label})"
     w = arm.workload
-    if w.mode != "offline":
-        raise (where / "workload" / "mode").error(f"a pipeline runs offline only{which}", w.mode)
     if w.quality is not None:
         raise (where / "workload" / "quality").error(
             f"a pipeline has no quality probe (yet): pair its stages' models as arms of their "
@@ -258,14 +257,19 @@ def _check_pipeline(sweep: SweepConfig, arm: Any, where: Where) -> None:
         if ps.window is not None and i == 0:
             raise (at / "window").error(f"stage 0 reads the prompts: no previous stage streams "
                                         f"to it{which}", ps.window)
+        if ps.window is not None and w.output_len_max is not None:
+            raise (at / "window").error(
+                f"a streamed edge needs one output length, but workload.output_len_max is set "
+                f"(lengths drawn from {w.output_len} to {w.output_len_max}){which}", ps.window)
         if ps.window is not None and w.output_len % ps.window:
             raise (at / "window").error(
                 f"must divide workload.output_len {w.output_len} (the previous stage's output, "
                 f"read in whole chunks){which}", ps.window)
-        prompt = w.prompt_len if i == 0 else w.output_len
-        if prompt + w.output_len > ps.stage.max_model_len:
+        output = w.output_len_max or w.output_len
+        prompt = (w.prompt_len_max or w.prompt_len) if i == 0 else output
+        if prompt + output > ps.stage.max_model_len:
             raise (at / "max_model_len").error(
-                f"the stage's prompt {prompt} + output_len {w.output_len} exceed it{which}",
+                f"the stage's prompt {prompt} + output_len {output} exceed it{which}",
                 ps.stage.max_model_len)
 
 

@@ -1,6 +1,11 @@
 """A pipeline arm (docs/pipelines.md): one fresh engine process per stage, each pinned to its
 own share of its node's slot CPUs, stage i+1 fed stage i's output token ids.
 
+A serving workload (docs/pipelines.md, "Serving") runs the same way, each stage an AsyncLLM:
+stage 0 serves the load and every request goes on through the stages' inboxes (JSON lines,
+engines/handover.py), the last stage replying to stage 0; the launcher says go, tells the
+stages to give up when one fails, and turns the stages' traces into each stage's figures.
+
 Every stage's engine is started at once and loads, warms up and reports "waiting"; when all
 wait, the launcher writes stage 0's prompts, and each stage writes its output ids straight into
 the next stage's input file (mapped there by ``id % vocab_size``; with a ``window``, in chunks
@@ -24,6 +29,7 @@ from omni_ray.engines import handover
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.sampler import tree_rss
 from omni_ray.results.store import write_json_atomic
+from omni_ray.workload import serving as sv
 from omni_ray.workload.prompts import token_prompts
 
 # What each stage's record keeps from its runner's measurements.
@@ -32,7 +38,13 @@ STAGE_FIGURES = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_
                  "prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "generate_s",
                  "busy_fraction", "window", "input_at", "chunk_at", "first_token_at",
                  "sent_at", "output_at", "output_token_ids", "neighbour_cpu_frac",
-                 "neighbour_window_s")
+                 "neighbour_window_s", "kv_cache", "serving_trace")
+# What a serving pipeline's measurements take from stage 0's: the load points and the search,
+# whose figures are the pipeline's (its requests' replies come from the last stage).
+SERVING_KEYS = ("serving", "serving_search", "capacity_req_s", "capacity_concurrency",
+                "capacity_users")
+# What a load point of stage 0 measured of stage 0 alone: moved under its stages[0].
+STAGE0_POINT_KEYS = ("kv_cache", "cpu", "peak_rss_anon_mb")
 
 
 def vocab_size(model_path: str) -> int:
@@ -49,17 +61,26 @@ def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineR
     placed = place_stages(req.stages, req.node,
                           {req.node: list(req.cpus), **{n: list(c) for n, c in req.node_cpus}})
     wl = req.workload
+    serving = wl.mode == "serving"
+    n = len(req.stages)
+
+    def inbox(i: int) -> str:  # serving: a file of JSON lines; the last stage replies to 0's
+        return str(workdir / f"{name}.s{i % n}.in.json{'l' if serving else ''}")
+
+    later = dataclasses.replace(wl, prompt_len=wl.output_len)
+    if serving:  # reads the ids the previous stage writes, as many as that request's output
+        later = dataclasses.replace(later, prompt_len_max=wl.output_len_max, prompt_file=None)
     out = []
     for i, (ps, (node, cpus)) in enumerate(zip(req.stages, placed)):
-        last = i == len(req.stages) - 1
+        last = i == n - 1
         out.append(EngineRequest(
             stage=ps.stage, seed=req.seed, cpus=tuple(cpus), node=node,
             simulated=req.simulated, live_stats=req.live_stats,
-            workload=wl if i == 0 else dataclasses.replace(wl, prompt_len=wl.output_len),
-            inputs_path=str(workdir / f"{name}.s{i}.in.json"),
-            outputs_path=None if last else str(workdir / f"{name}.s{i + 1}.in.json"),
+            workload=wl if i == 0 else later, inputs_path=inbox(i),
+            outputs_path=inbox(i + 1) if serving or not last else None,
             window=ps.window if i else None,
-            out_window=None if last else req.stages[i + 1].window))
+            out_window=None if last else req.stages[i + 1].window,
+            stage_index=i, stage_count=n))
     return out
 
 
@@ -71,11 +92,12 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
 
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    serving = req.workload.mode == "serving"
     try:
         reqs = stage_requests(req, workdir, name)
-        prompts = token_prompts(req.workload.batch, req.workload.prompt_len,
-                                vocab_size(str(resolve_model(req.stages[0].stage.model))),
-                                seed=req.seed)
+        prompts = [] if serving else token_prompts(
+            req.workload.batch, req.workload.prompt_len,
+            vocab_size(str(resolve_model(req.stages[0].stage.model))), seed=req.seed)
     except (ValueError, OSError) as exc:
         return {"status": "failed", "error": f"pipeline: {exc}"}
     for r in reqs:
@@ -99,13 +121,22 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
         failed = [i for i, r in enumerate(results) if r is not None and r["status"] != "ok"]
         if failed:
             for r in reqs:  # the stages still waiting give up instead of timing out
-                edge = handover.read_edge(r.inputs_path)
-                if r.inputs_path not in told and not (edge or {}).get("final"):
-                    write_json_atomic(Path(r.inputs_path), {"error": f"stage {failed[0]} failed"})
-                    told.add(r.inputs_path)
+                if r.inputs_path in told:
+                    continue
+                error = {"error": f"stage {failed[0]} failed"}
+                if serving:  # every stage may wait for more: a line in each inbox
+                    handover.append_line(r.inputs_path, error)
+                elif not (handover.read_edge(r.inputs_path) or {}).get("final"):
+                    write_json_atomic(Path(r.inputs_path), error)
+                else:
+                    continue
+                told.add(r.inputs_path)
         elif not started and all(_phase(workdir / f"{name}.s{i}.log") == "waiting"
                                  for i in range(len(reqs))):
-            handover.write_tokens(reqs[0].inputs_path, prompts, final=True)
+            if serving:  # stage 0 serves its load from now on
+                handover.append_line(reqs[0].inputs_path, {"go": True})
+            else:
+                handover.write_tokens(reqs[0].inputs_path, prompts, final=True)
             started = True
         now = 0.0
         running = [pid for i, pid in list(pids.items()) if results[i] is None]
@@ -118,8 +149,9 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
         if on_poll is not None and running:
             on_poll(*running)  # the stage actor's slot gauges: every stage
         time.sleep(0.1)
-    return summarise(reqs, [r or {"status": "failed", "error": "no result"} for r in results],
-                     total_peak) | {"wall_s": time.monotonic() - t0}
+    done = [r or {"status": "failed", "error": "no result"} for r in results]
+    return (summarise_serving if serving else summarise)(reqs, done, total_peak) | {
+        "wall_s": time.monotonic() - t0}
 
 
 def _phase(log: Path) -> str | None:
@@ -129,9 +161,9 @@ def _phase(log: Path) -> str | None:
         return None
 
 
-def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: float) -> dict:
-    """The arm's result: per-stage figures, then the pipeline's own (end to end, first token of
-    the last stage, total RssAnon, the bottleneck stage)."""
+def _stages(reqs: list[EngineRequest], results: list[dict]) -> tuple[list[dict], dict]:
+    """Each stage's entry, and the arm's result so far: failed, naming the stage that failed
+    first on its own (not one that was told to give up), when one did."""
     stages = []
     for i, (r, res) in enumerate(zip(reqs, results)):
         m = res.get("measurements", {})
@@ -142,12 +174,28 @@ def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: flo
                        **{k: m[k] for k in STAGE_FIGURES if k in m}})
     bad = [i for i, res in enumerate(results) if res["status"] != "ok"]
     out: dict = {"status": "ok", "stages": stages, "map_rule": MAP_RULE}
-    if bad:  # the stage that failed first on its own, not one that was told to give up
+    if bad:
         own = [i for i in bad if "no input: stage" not in str(results[i].get("error"))] or bad
         i = own[0]
         out.update(status=results[i]["status"],
                    error=f"stage {i} ({reqs[i].stage.model}): {results[i].get('error')}",
                    stderr_tail=results[i].get("stderr_tail"))
+    return stages, out
+
+
+def _pinning(stages: list[dict]) -> dict:
+    pins = [s["pinning"] or {} for s in stages]
+    return {"threads": sum(p.get("threads", 0) for p in pins),
+            "processes": sum(p.get("processes", 0) for p in pins),
+            "allowed_cpus": sorted({c for p in pins for c in p.get("allowed_cpus", [])}),
+            "violations": [v for p in pins for v in p.get("violations", [])]}
+
+
+def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: float) -> dict:
+    """The arm's result: per-stage figures, then the pipeline's own (end to end, first token of
+    the last stage, total RssAnon, the bottleneck stage)."""
+    stages, out = _stages(reqs, results)
+    if out["status"] != "ok":
         return out
     first, last = stages[0], stages[-1]
     t0 = first["input_at"]
@@ -171,9 +219,71 @@ def summarise(reqs: list[EngineRequest], results: list[dict], total_peak_mb: flo
         "neighbour_cpu_frac": max((s["neighbour_cpu_frac"] for s in stages
                                    if s.get("neighbour_cpu_frac") is not None), default=None),
     }
-    pins = [s["pinning"] or {} for s in stages]
-    out["pinning"] = {"threads": sum(p.get("threads", 0) for p in pins),
-                      "processes": sum(p.get("processes", 0) for p in pins),
-                      "allowed_cpus": sorted({c for p in pins for c in p.get("allowed_cpus", [])}),
-                      "violations": [v for p in pins for v in p.get("violations", [])]}
+    out["pinning"] = _pinning(stages)
+    return out
+
+
+def stage_figures(label: str, traces: list[dict], percentiles) -> list[dict]:
+    """Each stage's side of the requests of one load point (ids ``<label>.<i>``), from the
+    stages' traces (``vllm_pipeline_serving.Trace``), in milliseconds: ``ttft_ms`` its input
+    (stage 0: the request) -> its first token (its queue and prefill), ``e2e_ms`` its input ->
+    its last token, and for a later stage ``handover_ms``: the previous stage handed the request
+    on -> this stage read it. Mean, median and ``percentiles`` of each."""
+    rows = []
+    for t in traces:
+        cols = [c for c in ("in", "first", "out", "done") if c in t]
+        rows.append({rid: dict(zip(cols, vals)) for rid, *vals
+                     in zip(t["id"], *(t[c] for c in cols)) if rid.startswith(f"{label}.")})
+
+    def ms(pairs) -> list[float]:
+        return [(b - a) * 1e3 for a, b in pairs if a is not None and b is not None]
+
+    out = []
+    for k, mine in enumerate(rows):
+        fig = {"stage": k, "requests": len(mine),
+               "ttft_ms": sv.stats(ms((r.get("in"), r.get("first")) for r in mine.values()),
+                                   percentiles),
+               "e2e_ms": sv.stats(ms((r.get("in"), r.get("done")) for r in mine.values()),
+                                  percentiles)}
+        if k:
+            fig["handover_ms"] = sv.stats(ms((rows[k - 1].get(rid, {}).get("out"), r.get("in"))
+                                             for rid, r in mine.items()), percentiles)
+        out.append(fig)
+    return out
+
+
+def serving_point(point: dict, traces: list[dict], percentiles) -> dict:
+    """A load point of stage 0's serving (whose figures are the pipeline's) with each stage's
+    figures under ``stages``; what stage 0 measured of itself alone goes under its entry."""
+    point = dict(point)
+    per = stage_figures(point["label"], traces, percentiles)
+    per[0].update({k: point.pop(k) for k in STAGE0_POINT_KEYS if k in point})
+    return point | {"stages": per}
+
+
+def summarise_serving(reqs: list[EngineRequest], results: list[dict],
+                      total_peak_mb: float) -> dict:
+    """A serving pipeline's result: stage 0's load points and search (the pipeline's figures),
+    each with every stage's side of its requests; the start figures of the pipeline (the
+    slowest stage ready, the stages' RssAnon summed, their sampled peak together)."""
+    stages, out = _stages(reqs, results)
+    if out["status"] != "ok":
+        return out
+    wl = reqs[0].workload
+    traces = [s.get("serving_trace") or {"id": []} for s in stages]
+    m0 = results[0]["measurements"]
+    m = {k: m0[k] for k in SERVING_KEYS if k in m0}
+    m["serving"] = [serving_point(p, traces, wl.percentiles) for p in m0.get("serving", [])]
+    if "serving_search" in m:
+        m["serving_search"] = dict(m["serving_search"], probes=[
+            serving_point(p, traces, wl.percentiles) for p in m["serving_search"]["probes"]])
+    m.update(ready_s=max(s["ready_s"] for s in stages),
+             rss_anon_tree_mb=sum(s["rss_anon_tree_mb"] for s in stages),
+             pipeline_peak_rss_anon_mb=total_peak_mb,
+             neighbour_cpu_frac=max((s["neighbour_cpu_frac"] for s in stages
+                                     if s.get("neighbour_cpu_frac") is not None), default=None))
+    out["measurements"] = m
+    out["edges"] = [{"from": i - 1, "to": i, "window": reqs[i].window}
+                    for i in range(1, len(stages))]
+    out["pinning"] = _pinning(stages)
     return out

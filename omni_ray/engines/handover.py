@@ -96,3 +96,87 @@ class Outbox:
             write_tokens(self.path, rows, final=final)
             if not final:
                 self.sent_at.append(self.clock())
+
+
+# A serving pipeline (docs/pipelines.md, "Serving"): requests come and go, so an edge is not one
+# file rewritten but a stream of lines, each stage's inbox (its ``inputs_path``), one JSON
+# object a line, appended by one writer in one ``write`` each:
+#   stage i >= 1:  {"id", "output_len", "tokens", "final"}: the next tokens of a request from
+#                  stage i-1 (unmapped; the receiver maps them), every ``window`` tokens or at
+#                  once when it is done; {"id", "error"}: that request failed upstream;
+#                  {"end": true}: stage 0 sent its last request
+#   stage 0:       the launcher's {"go": true} once every stage waits, then the last stage's
+#                  replies {"id", "n" (new tokens), "at" (wall clock), "final"} or {"id", "error"}
+#   any stage:     {"error": "..."}: the launcher says a stage failed; give up
+# so the last stage's outputs come back to the load generator (a ring), whose figures are then
+# the pipeline's.
+
+
+class LineWriter:
+    """Appends JSON lines to an inbox, each in one ``write`` of an O_APPEND descriptor (the
+    launcher may append an error line beside the writer)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def __call__(self, obj: dict) -> None:
+        os.write(self.fd, (json.dumps(obj) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def append_line(path: str, obj: dict) -> None:
+    """One line appended to an inbox (the launcher's go and error)."""
+    writer = LineWriter(path)
+    try:
+        writer(obj)
+    finally:
+        writer.close()
+
+
+class LineReader:
+    """An inbox read as it grows, by whole lines (nothing before the file exists). The file
+    stays open: each poll is one ``read`` of what was appended since the last."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file = None
+        self._rest = b""  # a line being written waits for its end
+
+    def read(self) -> list[dict]:
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb", buffering=0)
+            except FileNotFoundError:
+                return []
+        data = self._rest + (self._file.read() or b"")
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        return [json.loads(line) for line in data[:cut].splitlines() if line.strip()]
+
+
+class RequestOutbox:
+    """Where a serving stage's outputs go on: for each request, a line with its next tokens
+    every time its output has passed another ``window`` tokens (None: one line when done)."""
+
+    def __init__(self, write: Callable[[dict], None], window: int | None) -> None:
+        self.write, self.window = write, window
+        self.sent: dict[str, int] = {}
+
+    def __call__(self, rid: str, output_len: int, tokens: list[int], *,
+                 final: bool = False) -> bool:
+        """Hand on what is due of ``tokens`` (the request's output so far); True if a line
+        was written."""
+        have, sent = len(tokens), self.sent.get(rid, 0)
+        upto = have if final else (have - have % self.window if self.window else 0)
+        if upto <= sent and not final:
+            return False
+        self.write({"id": rid, "output_len": output_len, "tokens": tokens[sent:upto],
+                    "final": final})
+        if final:
+            self.sent.pop(rid, None)
+        else:
+            self.sent[rid] = upto
+        return True

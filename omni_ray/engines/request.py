@@ -43,6 +43,10 @@ class EngineRequest:
     outputs_path: str | None = None
     window: int | None = None
     out_window: int | None = None
+    # Which stage of how many this engine is (None: not a pipeline's). A serving pipeline's
+    # stage 0 runs the load generator and the others relay (engines/vllm_pipeline_serving.py).
+    stage_index: int | None = None
+    stage_count: int = 0
     # Read the engine's own stats live (vLLM's KV use, engines/vllm_stats.py) where they cost
     # the measurement: a sweep under --monitor.
     live_stats: bool = False
@@ -119,6 +123,7 @@ class EngineRequest:
                    node_cpus=d.get("node_cpus", ()),
                    inputs_path=d.get("inputs_path"), outputs_path=d.get("outputs_path"),
                    window=d.get("window"), out_window=d.get("out_window"),
+                   stage_index=d.get("stage_index"), stage_count=int(d.get("stage_count", 0)),
                    live_stats=bool(d.get("live_stats", False)),
                    then=tuple(workload_from_dict(w, SOURCE) for w in d.get("then", ())),
                    turns=int(d.get("turns", 0)), turns_dir=d.get("turns_dir"),
@@ -141,6 +146,7 @@ class EngineRequest:
                 "node_cpus": [[n, list(cpus)] for n, cpus in self.node_cpus],
                 "inputs_path": self.inputs_path, "outputs_path": self.outputs_path,
                 "window": self.window, "out_window": self.out_window,
+                "stage_index": self.stage_index, "stage_count": self.stage_count,
                 "live_stats": self.live_stats,
                 "then": [w.to_dict() for w in self.then],
                 "turns": self.turns, "turns_dir": self.turns_dir,

@@ -390,10 +390,21 @@ class VllmEngine:
     def run(self, session: Session) -> dict:
         req = session.req
         if self._serving(req):
+            from omni_ray.engines import vllm_pipeline_serving as piped
             from omni_ray.engines.vllm_serving import serve
 
-            return serve(self.llm, self._stats, self._loop, req, session.model_path,
-                         session.sampler, session.phase, self._kv_tokens)
+            def served(head=None) -> dict:
+                return serve(self.llm, self._stats, self._loop, req, session.model_path,
+                             session.sampler, session.phase, self._kv_tokens, head=head)
+
+            if req.inputs_path is None:
+                return served()
+            # one stage of a serving pipeline (docs/pipelines.md, "Serving")
+            if req.stage_index == 0:
+                return piped.head(self.llm, self._loop, req, served, session.phase)
+            vocab = self.llm.vllm_config.model_config.get_vocab_size()
+            return piped.relay(self.llm, self._loop, req, vocab, session.phase) | {
+                "kv_cache": self._kv_peaks()}
         vocab = self.llm.llm_engine.vllm_config.model_config.get_vocab_size()
         if req.inputs_path is not None:  # one stage of a pipeline (engine/pipeline.py)
             return run_pipeline_stage(self.llm, req, vocab, session.phase, session.progress)
@@ -412,6 +423,15 @@ class VllmEngine:
         """What a decode token reads: the checkpoint as this engine holds it (cpu_int4
         quantized at load reads int4 bytes, not the bf16 checkpoint's)."""
         return checkpoint_weight_bytes(model_path, req.stage.quantization, req.stage.dtype)
+
+    def _kv_peaks(self) -> dict:
+        """The peaks of vLLM's own scheduler figures over the whole run (a relaying stage of a
+        serving pipeline: it does not know the load points)."""
+        seen = self._stats
+        usage = seen["kv_cache_usage"] if seen["records"] else None
+        return {"peak_usage": usage, "budget_tokens": self._kv_tokens,
+                "peak_tokens": None if usage is None else round(usage * self._kv_tokens),
+                "peak_running": seen["running"], "peak_waiting": seen["waiting"]}
 
     def report(self) -> dict:
         out = {"patch_report": self._omni.patch_report(), "kernels": self._omni.kernel_report()}

@@ -86,9 +86,15 @@ def _plan(req: EngineRequest, n: int, vocab: int, model_path: str, max_len: int,
 
 
 def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineRequest,
-          model_path: str, sampler: Any, phase: Any, kv_cache_tokens: int) -> dict:
+          model_path: str, sampler: Any, phase: Any, kv_cache_tokens: int,
+          head: Any = None) -> dict:
     """Warm-up requests, then each load point in turn on the one engine. Returns the
-    measurements: ``serving``, one entry per load point (figures and per-request samples)."""
+    measurements: ``serving``, one entry per load point (figures and per-request samples).
+
+    ``head``: this engine is stage 0 of a pipeline (``vllm_pipeline_serving.Head``): each
+    request goes through every stage and its figures are the last stage's outputs', on the
+    wall clock the stages share; each load point says the ``label`` its request ids start with
+    (``<label>.<index>``), by which the launcher finds them in every stage's trace."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -97,22 +103,27 @@ def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineR
     vocab = vcfg.model_config.get_vocab_size()
     max_len = vcfg.model_config.max_model_len
     rng = random.Random(req.seed * 1_000_003 + 17)
-    ids = iter(range(1 << 40))
+    clock = time.perf_counter if head is None else time.time  # a pipeline's: every stage's
 
-    def submit(_: int, p: sv.Planned):
-        params = SamplingParams(max_tokens=p.output_len, temperature=0.0, ignore_eos=True,
-                                detokenize=wl.detokenize, output_kind=RequestOutputKind.DELTA)
+    async def stream(rid: str, p: sv.Planned, params: Any):
+        async for out in engine.generate({"prompt_token_ids": p.prompt}, params,
+                                         request_id=f"omni-{rid}"):
+            yield len(out.outputs[0].token_ids)
 
-        async def stream():
-            async for out in engine.generate({"prompt_token_ids": p.prompt}, params,
-                                             request_id=f"omni-{next(ids)}"):
-                yield len(out.outputs[0].token_ids)
-        return stream()
+    def submitter(label: str) -> sv.Submit:
+        """Request ``i`` of what ``label`` names (warm-up, a load point) as ``<label>.<i>``."""
+        def submit(i: int, p: sv.Planned):
+            params = SamplingParams(max_tokens=p.output_len, temperature=0.0, ignore_eos=True,
+                                    detokenize=wl.detokenize,
+                                    output_kind=RequestOutputKind.DELTA)
+            return (stream if head is None else head.stream)(f"{label}.{i}", p, params)
+        return submit
 
     if wl.warmup_requests:
         phase("serving warm-up")
         warm = _plan(req, wl.warmup_requests, vocab, model_path, max_len, rng)
-        loop.run_until_complete(sv.drive(submit, warm, [0.0] * len(warm)))
+        loop.run_until_complete(sv.drive(submitter("warm"), warm, [0.0] * len(warm),
+                                         clock=clock))
     counter = iter(range(1 << 30))
 
     def draw() -> Callable[[int], sv.Planned]:
@@ -148,9 +159,9 @@ def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineR
         sampler.mark(f"{label}_start")
         cpu0, t0 = _tree_cpu_s(os.getpid()), time.perf_counter()
         timings, duration = loop.run_until_complete(sv.drive(
-            submit, draw(), offsets, users=users, think_time_s=wl.think_time_s,
+            submitter(label), draw(), offsets, users=users, think_time_s=wl.think_time_s,
             num_requests=None if wl.duration_s else wl.num_requests, duration_s=wl.duration_s,
-            max_concurrency=point.get("max_concurrency")))
+            max_concurrency=point.get("max_concurrency"), clock=clock))
         wall = time.perf_counter() - t0
         cpu1 = _tree_cpu_s(os.getpid())
         sampler.mark(f"{label}_end")
@@ -173,6 +184,8 @@ def serve(engine: Any, seen: dict, loop: asyncio.AbstractEventLoop, req: EngineR
         }
         if samples:
             point["samples"] = sv.samples(timings)
+        if head is not None:
+            point["label"] = label
         return point, timings
 
     loads = ([{"users": n} for n in wl.users] if wl.users is not None

@@ -107,8 +107,10 @@ class Planned:
     output_len: int
 
 
-# submit(index, planned) -> async iterator yielding the number of new tokens in each output.
-Submit = Callable[[int, Planned], AsyncIterator[int]]
+# submit(index, planned) -> async iterator yielding the number of new tokens in each output, or
+# (new tokens, when) for an output produced elsewhere at a time on ``drive``'s clock (a serving
+# pipeline's last stage, docs/pipelines.md): the request's figures are then that output's.
+Submit = Callable[[int, Planned], AsyncIterator[int | tuple[int, float]]]
 
 
 async def drive(submit: Submit, plan: Sequence[Planned] | Callable[[int], Planned],
@@ -152,8 +154,9 @@ async def drive(submit: Submit, plan: Sequence[Planned] | Callable[[int], Planne
 
     async def stream(i: int, planned: Planned, rec: RequestTiming) -> None:
         try:
-            async for new_tokens in submit(i, planned):
-                rec.chunks.append(clock())
+            async for out in submit(i, planned):
+                new_tokens, at = out if isinstance(out, tuple) else (out, clock())
+                rec.chunks.append(at)
                 rec.tokens += new_tokens
         except Exception as exc:  # a failed request is counted as failed, the run goes on
             rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
@@ -190,7 +193,8 @@ async def drive(submit: Submit, plan: Sequence[Planned] | Callable[[int], Planne
     return timings, (max(ends) - start) if ends else 0.0
 
 
-def _stats(values: Sequence[float], percentiles: Sequence[float]) -> dict:
+def stats(values: Sequence[float], percentiles: Sequence[float]) -> dict:
+    """Mean, median and each percentile of ``values`` (None for each without values)."""
     if not values:
         return {"mean": None, "median": None, **{f"p{p:g}": None for p in percentiles}}
     return {"mean": sum(values) / len(values), "median": percentile(values, 50),
@@ -232,7 +236,7 @@ def figures(timings: Sequence[RequestTiming], duration_s: float, *,
         out["good_requests"] = n_good
         out["goodput"] = n_good / duration_s if duration_s > 0 else None
     for name in LATENCY_METRICS:
-        out[name] = _stats(per[name], percentiles)
+        out[name] = stats(per[name], percentiles)
     return out
 
 

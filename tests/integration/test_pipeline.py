@@ -206,3 +206,116 @@ def test_a_stage_on_another_simulated_node_runs_on_that_node(tmp_path, monkeypat
         assert bind["ok"] or bind["reason"] == f"not bound (node {bind['node']} is simulated)"
     assert [w["numa_node"] for w in rec["slot"]["slots"]] == [0, 1]
     assert rec["edges"][0]["window"] == 4 and len(s1["chunk_at"]) == 2
+
+
+# Serving on a pipeline (docs/pipelines.md, "Serving"): one request in the pipeline at a time
+# (max_concurrency 1), so each stage generates every request alone, as the by-hand run does.
+N_SERVED = 4
+SERVING = WorkloadConfig(mode="serving", request_rate=(4,), max_concurrency=1,
+                         num_requests=N_SERVED, warmup_requests=1, prompt_len=16, output_len=8,
+                         percentiles=(50, 90), detokenize=False)
+
+
+def _by_id(trace: dict, key: str) -> dict:
+    return dict(zip(trace["id"], trace[key]))
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("window", [None, 4], ids=["whole", "streamed"])
+def test_a_serving_workload_runs_through_the_stages_and_is_timed_on_the_last(tmp_path, window):
+    from omni_ray.workload.serving import percentile
+
+    talker = PipelineStage(stage=StageConfig(model="tiny", kv_cache_mib=16, max_model_len=128),
+                           cores=1, window=window)
+    req = EngineRequest(stage=StageConfig(model="small", kv_cache_mib=32, max_model_len=128),
+                        workload=SERVING, cpus=CPUS, node=0,
+                        stages=(stage("small", 32), talker))
+    res = launch_pipeline(req, tmp_path, "serve", timeout_s=600)
+    assert res["status"] == "ok", (res.get("error"), res.get("stderr_tail"))
+    s0, s1 = res["stages"]
+    assert s0["pinning"]["allowed_cpus"] == [0] and s1["pinning"]["allowed_cpus"] == [1]
+    (point,) = res["measurements"]["serving"]
+    s = point["samples"]
+    assert point["completed"] == N_SERVED and point["failed"] == 0 and s["error"] is None
+    assert s["output_tokens"] == [8] * N_SERVED  # the last stage's tokens came back
+    for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        for p in (50, 90):
+            assert point[name][f"p{p}"] == pytest.approx(percentile(s[name], p), abs=2e-3)
+
+    # every request went through both stages: the talker read the thinker's output ids mapped
+    # id % 2048 (its vocabulary) and wrote its 8 tokens
+    t0, t1 = s0["serving_trace"], s1["serving_trace"]
+    ids = [f"load0.{i}" for i in range(N_SERVED)]
+    out0, in1, out1 = _by_id(t0, "token_ids"), _by_id(t1, "input_ids"), _by_id(t1, "token_ids")
+    for rid in ids:
+        assert len(out0[rid]) == 8 and len(out1[rid]) == 8
+        assert in1[rid] == [t % 2048 for t in out0[rid]]
+    # the pipeline's first token is the talker's: after the thinker had the request's output
+    # (whole) or its first window
+    handed, start = _by_id(t0, "out"), _by_id(t0, "in")
+    for i, rid in enumerate(ids):
+        assert s["ttft_ms"][i] >= (handed[rid] - start[rid]) * 1e3
+    st0, st1 = point["stages"]
+    assert st0["requests"] == st1["requests"] == N_SERVED
+    assert st0["kv_cache"]["budget_tokens"] > 0 and st0["cpu"]["engine_core_s"] > 0
+    assert 0 <= st1["handover_ms"]["median"] < 1000
+    assert point["ttft_ms"]["median"] > st0["ttft_ms"]["median"]
+    if window:  # the talker started on the first window while the thinker still generated
+        first1 = _by_id(t1, "first")
+        assert any(first1[rid] < _by_id(t0, "done")[rid] for rid in ids)
+
+    # by hand, the first request: the talker alone on the thinker's output, by the same rule
+    c = [[t % 2048 for t in out0[ids[0]]]]
+    if window is None:
+        hand = by_hand(talker.stage, (1,), c, 8, tmp_path, "h")
+    else:
+        o1 = by_hand(talker.stage, (1,), [c[0][:4]], 4, tmp_path, "h1")
+        o2 = by_hand(talker.stage, (1,), [c[0][:4] + o1[0] + c[0][4:]], 4, tmp_path, "h2")
+        hand = [o1[0] + o2[0]]
+    assert hand == [out1[ids[0]]]
+
+
+@pytest.mark.timeout(900)
+def test_a_serving_stage_that_fails_to_start_fails_the_arm_naming_it(tmp_path):
+    # 1 MiB of KV holds about 1024 tiny tokens, less than one 2048-token sequence: vLLM refuses
+    bad = PipelineStage(stage=StageConfig(model="tiny", kv_cache_mib=1, max_model_len=2048),
+                        cores=1)
+    req = EngineRequest(stage=StageConfig(model="tiny", kv_cache_mib=16, max_model_len=128),
+                        workload=SERVING, cpus=CPUS, node=0, stages=(stage("tiny", 16), bad))
+    res = launch_pipeline(req, tmp_path, "pipe", timeout_s=400)
+    assert res["status"] == "failed"
+    assert res["error"].startswith("stage 1 (tiny): "), res["error"]
+    assert res["stages"][0]["status"] == "failed"  # told to give up, not left to time out
+    assert "no input: stage 1 failed" in res["stages"][0]["error"]
+
+
+@pytest.mark.timeout(1800)
+def test_a_serving_pipeline_sweep_on_ray_records_the_pipeline_s_load_points(tmp_path):
+    import ray
+
+    import omni_ray
+    from omni_ray.placement.cluster import connect
+
+    cfg = {"name": "pipeserve", "model": "tiny", "passes": 1, "timeout_s": 600,
+           "placement": {"slot_cores": 2},
+           "workload": {"mode": "serving", "request_rate": [4, "inf"], "num_requests": 4,
+                        "warmup_requests": 1, "prompt_len": 16, "output_len": 8,
+                        "percentiles": [90], "slo": {"ttft_ms": 10000}, "detokenize": False},
+           "stages": [{"kv_cache_mib": 16, "max_model_len": 128, "cores": 1},
+                      {"kv_cache_mib": 16, "max_model_len": 128}]}
+    connect(None, [2])
+    try:
+        report = omni_ray.run_sweep(cfg, out=tmp_path, allow_busy=True)
+    finally:
+        ray.shutdown()
+    (rec,) = report.records
+    assert rec["status"] == "ok", (rec.get("error"), rec.get("stderr_tail"))
+    assert [s["pinning"]["allowed_cpus"] for s in rec["stages"]] == [
+        [c] for c in rec["slot"]["slot"]["cpus"]]
+    m = rec["measurements"]
+    assert [p["request_rate"] for p in m["serving"]] == [4.0, "inf"]
+    for point in m["serving"]:
+        assert point["completed"] == 4 and point["good_requests"] == 4
+        assert [s["requests"] for s in point["stages"]] == [4, 4]
+    summary = (report.out_dirs["pipeserve"] / "summary.md").read_text()
+    assert "## Serving load points" in summary

@@ -31,6 +31,17 @@ def test_a_pipeline_arm_shows_its_last_stage_decode_and_end_to_end_time():
             "rss 700 MiB (bottleneck: stage 0)") in out.getvalue()
 
 
+def test_a_serving_pipeline_arm_shows_its_first_load_point():
+    out = io.StringIO()
+    p = Progress(out, enabled=True)
+    p.start(1, 0, None)
+    point = {"request_throughput": 1.95, "ttft_ms": {"median": 212.4}, "e2e_ms": {"median": 600}}
+    p.record(task(), {"status": "ok", "slot": {}, "stages": [{}, {}], "measurements": {
+        "serving": [point, point], "rss_anon_tree_mb": 700.4}})
+    assert ("batch=1 pass 2: 2 load point(s), the first: 1.95 req/s, pipeline TTFT p50 212 ms, "
+            "E2E p50 600 ms, rss 700 MiB") in out.getvalue()
+
+
 def test_an_arm_on_a_shared_engine_says_whose_and_its_own_peak():
     out = io.StringIO()
     p = Progress(out, enabled=True)

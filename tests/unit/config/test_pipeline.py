@@ -70,3 +70,33 @@ def test_a_bad_window_names_the_stage_field_and_value(stage, window, message):
     stages[stage]["window"] = window
     with pytest.raises(ConfigError, match=message):
         sweep_from_dict(BASE | {"stages": stages})
+
+
+def test_a_serving_workload_applies_to_the_pipeline_as_a_whole():
+    serving = {"mode": "serving", "prompt_len": 16, "output_len": 8, "request_rate": [1, 4],
+               "slo": {"ttft_ms": 500}, "search": {"percentile": 90, "low": 1, "high": 8}}
+    sweep = sweep_from_dict(BASE | {"workload": serving,
+                                    "matrix": {"stages[1].window": [None, 4]}})
+    arms = expand(sweep)
+    assert [a.workload.mode for a in arms] == ["serving", "serving"]
+    assert [a.stages[1].window for a in arms] == [None, 4]
+    users = sweep_from_dict(BASE | {"workload": {"mode": "serving", "users": [1, 2],
+                                                 "duration_s": 5}})
+    assert expand(users)[0].workload.users == (1, 2)
+
+
+def test_a_serving_pipeline_s_streamed_edge_needs_one_output_length():
+    wl = {"mode": "serving", "prompt_len": 16, "output_len": 8, "output_len_max": 16}
+    sweep_from_dict(BASE | {"workload": wl})  # whole edges take any length
+    bad = BASE | {"workload": wl, "stages": [BASE["stages"][0], BASE["stages"][1] | {"window": 4}]}
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.window: a streamed edge needs one "
+                                          r"output length, .*got 4$"):
+        sweep_from_dict(bad)
+
+
+def test_a_serving_pipeline_fits_the_longest_lengths_in_each_stage():
+    wl = {"mode": "serving", "prompt_len": 16, "prompt_len_max": 100, "output_len": 8}
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.max_model_len: the stage's prompt 100 "
+                                          r"\+ output_len 8 exceed it, got 64$"):
+        sweep_from_dict(BASE | {"workload": wl, "stages": [
+            {"kv_cache_mib": 32, "cores": 1, "max_model_len": 64}, BASE["stages"][1]]})

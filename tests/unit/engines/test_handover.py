@@ -77,3 +77,45 @@ def test_chunks_interleave_with_the_output_so_far():
     prompt = handover.interleave([[]], handover.map_tokens([[2050, 3]], 2048))
     prompt = handover.interleave(prompt, [[7]])          # o1
     assert handover.interleave(prompt, [[4, 5]]) == [[2, 3, 7, 4, 5]]
+
+
+# A serving pipeline's inboxes: JSON lines, appended as requests come and go.
+
+def test_an_inbox_is_read_by_whole_lines_as_it_grows(tmp_path):
+    path = str(tmp_path / "s1.in.jsonl")
+    reader = handover.LineReader(path)
+    assert reader.read() == []  # before it exists
+    write = handover.LineWriter(path)
+    write({"id": "load0.0", "tokens": [1, 2], "final": False})
+    with open(path, "a") as f:
+        f.write('{"id": "load0.1", "tok')  # a line being written waits for its end
+    assert reader.read() == [{"id": "load0.0", "tokens": [1, 2], "final": False}]
+    with open(path, "a") as f:
+        f.write('ens": [], "final": true}\n')
+    handover.append_line(path, {"error": "stage 2 failed"})  # the launcher's, beside the writer
+    assert reader.read() == [{"id": "load0.1", "tokens": [], "final": True},
+                             {"error": "stage 2 failed"}]
+    assert reader.read() == []
+    write.close()
+
+
+def test_a_request_outbox_hands_on_whole_windows_then_the_rest_when_final():
+    lines = []
+    out = handover.RequestOutbox(lines.append, window=4)
+    assert not out("a", 8, [1, 2, 3])
+    assert out("a", 8, [1, 2, 3, 4, 5])
+    assert not out("a", 8, [1, 2, 3, 4, 5, 6])
+    assert out("b", 8, [9, 9, 9, 9])  # requests are counted apart
+    assert out("a", 8, [1, 2, 3, 4, 5, 6, 7, 8], final=True)
+    assert lines == [{"id": "a", "output_len": 8, "tokens": [1, 2, 3, 4], "final": False},
+                     {"id": "b", "output_len": 8, "tokens": [9, 9, 9, 9], "final": False},
+                     {"id": "a", "output_len": 8, "tokens": [5, 6, 7, 8], "final": True}]
+    assert out.sent == {"b": 4}
+
+
+def test_without_a_window_a_request_goes_on_once_whole():
+    lines = []
+    out = handover.RequestOutbox(lines.append, window=None)
+    assert not out("a", 3, [1, 2])
+    assert out("a", 3, [1, 2, 3], final=True)
+    assert lines == [{"id": "a", "output_len": 3, "tokens": [1, 2, 3], "final": True}]

@@ -83,3 +83,36 @@ def test_closed_loop_points_and_a_concurrency_search_read_as_such():
     text = serving_markdown(summarize_serving([rec]), {"a": "base"})
     assert "| base (a) | 8 users, 5 s |" in text
     assert "- capacity of base (a) at p99 ttft_ms <= 500: 6 requests in flight" in text
+
+
+def test_a_serving_pipeline_run_directory_gives_summary_and_report(tmp_path):
+    """A serving pipeline's records (engine/pipeline.summarise_serving's measurements): the
+    pipeline's load points in the serving table, its start figures in the arms' table."""
+    from omni_ray.api import write_summary
+    from omni_ray.config import expand, load_sweep_file
+    from omni_ray.report.document import write_report
+    from omni_ray.results.record import make_record
+    from omni_ray.results.store import write_json_atomic
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[3]
+    sweep = load_sweep_file(root / "configs" / "pipeline_serving.yaml")
+    arms = expand(sweep)
+    for arm in arms:
+        point = _record(arm.id, 1234.0)["measurements"]["serving"][0]
+        point["stages"] = [{"stage": 0, "kv_cache": point.pop("kv_cache"),
+                            "peak_rss_anon_mb": point.pop("peak_rss_anon_mb")},
+                           {"stage": 1, "handover_ms": {"median": 1.0}}]
+        measured = {"serving": [point], "ready_s": 30.0, "rss_anon_tree_mb": 900.0,
+                    "pipeline_peak_rss_anon_mb": 950.0}
+        rec = make_record(kind="arm", config=arm.to_dict(), measurements=measured, status="ok",
+                          provenance={}, extra={"arm": {"id": arm.id, "label": arm.label,
+                                                        "sweep": sweep.name, "index": 0},
+                                                "pass": 1, "run_id": "r",
+                                                "stages": [{"stage": 0}, {"stage": 1}]})
+        write_json_atomic(tmp_path / f"{arm.id}.p1.json", rec)
+    summary = write_summary(sweep, arms, tmp_path)
+    assert [r["median"]["TTFT p99 ms"] for r in summary["serving"]] == [1234.0, 1234.0]
+    assert [r["median"]["KV peak %"] for r in summary["serving"]] == [None, None]  # per stage
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Serving load points" in text and "stages[1].window=8" in text
+    assert "Serving load points" in write_report([tmp_path]).read_text()

@@ -116,6 +116,23 @@ def test_drive_records_a_failed_request_and_goes_on():
     assert [t.error for t in timings] == [None, "RuntimeError: engine said no", None]
 
 
+def test_drive_takes_the_time_an_output_was_produced_elsewhere():
+    # a pipeline's stage 0 yields the last stage's outputs with the time that stage had them
+    def submit(i, planned):
+        async def stream():
+            yield 1, 100.5 + i
+            yield 2, 100.75 + i
+        return stream()
+
+    timings, duration = asyncio.run(sv.drive(submit, [sv.Planned([1], 3)] * 2, [0.0, 0.0],
+                                             clock=lambda: 100.0))
+    first, second = timings
+    assert (first.sent, first.chunks, first.tokens) == (100.0, [100.5, 100.75], 3)
+    assert second.chunks == [101.5, 101.75] and second.ttft_ms == pytest.approx(1500.0)
+    assert first.tpot_ms == pytest.approx(125.0)  # (last - first) / (3 - 1) tokens
+    assert duration == pytest.approx(1.75)
+
+
 def test_prompt_file_skips_blanks_and_comments(tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("# c\n\nhello there\n  second  \n")
