@@ -78,9 +78,11 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
             order.append([k, side])
     else:
         error = "the engines did not both load"
+    killed = set()
     if error is not None:  # a side still waiting for a turn that will not come: end it
         for i, pid in pids.items():
             if results[i] is None:
+                killed.add(i)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
     for t in threads:
@@ -88,7 +90,8 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
     sides = [r or {"status": "failed", "error": "no result"} for r in results]
     out = {"status": "ok", "sides": sides, "order": order,
            "wall_s": time.monotonic() - t0}
-    bad = [i for i, r in enumerate(sides) if r["status"] != "ok"]
+    # the side that failed on its own, not the one ended for it
+    bad = sorted((i for i, r in enumerate(sides) if r["status"] != "ok"), key=lambda i: i in killed)
     if bad or error:
         i = bad[0] if bad else None
         why = sides[i].get("error") if i is not None else error

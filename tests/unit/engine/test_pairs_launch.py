@@ -57,3 +57,30 @@ def test_turns_alternate_and_the_last_turn_is_not_cut(tmp_path, monkeypatch):
 
 def test_turn_order_alternates_who_goes_first():
     assert pairs.turn_order(2) == [(0, 0), (0, 1), (1, 1), (1, 0)]
+
+
+def test_the_side_that_failed_is_named_not_the_one_ended_for_it(tmp_path, monkeypatch):
+    """b dies in its first turn while the launcher waits for it; a, waiting for its next
+    turn, is killed: the error names b."""
+    def fake_launch(req, workdir, name, *, timeout_s, warm_start, on_poll):
+        import subprocess
+
+        script = SIDE if name.endswith(".a") else (
+            "import sys, os, time\nprint('omni-ray phase: waiting', flush=True)\n"
+            "d = sys.argv[1]\nwhile not os.path.exists(f'{d}/0.go'): time.sleep(0.002)\n"
+            "sys.exit(3)\n")
+        with open(workdir / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-c", script, req.turns_dir, str(req.turns),
+                                     "0.01"], stdout=log, start_new_session=True)
+            on_poll(proc.pid)
+            proc.wait()
+        return ({"status": "ok"} if proc.returncode == 0 else
+                {"status": "failed", "error": f"exit {proc.returncode}"})
+
+    monkeypatch.setattr(pairs, "launch_arm", fake_launch)
+    req = EngineRequest(stage=StageConfig(model="tiny", kv_cache_mib=16),
+                        workload=WorkloadConfig())
+    out = pairs.launch_pair((req, req), tmp_path, "x", pairs=3, timeout_s=60)
+    assert out["status"] == "failed"
+    assert out["error"].startswith("side b (tiny, vllm): exit 3"), out["error"]
+    assert out["order"] == [[0, 0]]
