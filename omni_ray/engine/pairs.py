@@ -91,7 +91,8 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
     out = {"status": "ok", "sides": sides, "order": order,
            "wall_s": time.monotonic() - t0}
     # the side that failed on its own, not the one ended for it
-    bad = sorted((i for i, r in enumerate(sides) if r["status"] != "ok"), key=lambda i: i in killed)
+    bad = sorted((i for i, r in enumerate(sides) if r["status"] != "ok"),
+                 key=lambda i: i in killed)
     if bad or error:
         i = bad[0] if bad else None
         why = sides[i].get("error") if i is not None else error
