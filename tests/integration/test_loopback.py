@@ -87,8 +87,9 @@ def test_a_local_sweeps_ray_listens_on_loopback_only(seen):
 def test_the_sweep_reports_each_running_arms_phase_and_rss(seen):
     progress = seen["progress"]
     phases = [phase for _slot, phase, _rss in progress]
-    assert set(phases) <= {"starting", "loading", "measuring"} and "loading" in phases, phases
+    # probing: the slot's bandwidth probe, before the engine loads (measure/bandwidth.py)
+    order = {"starting": 0, "probing": 1, "loading": 2, "measuring": 3}
+    assert set(phases) <= set(order) and "loading" in phases, phases
     # phases only move forward, and the engine tree's RSS was read while it ran
-    order = {"starting": 0, "loading": 1, "measuring": 2}
     assert [order[p] for p in phases] == sorted(order[p] for p in phases)
     assert any(rss and rss > 50 for _slot, _phase, rss in progress), progress
