@@ -66,6 +66,15 @@ def last_phase(text: str, default: str = "starting") -> str:
     return found[-1] if found else default
 
 
+def log_phase(log: Path) -> str | None:
+    """The phase an engine's log says it is in ("starting" before its first phase line), or
+    None while the log does not exist yet."""
+    try:
+        return last_phase(log.read_text(errors="replace"), "starting")
+    except FileNotFoundError:
+        return None
+
+
 # While it measures, an engine says the figures of its last window (PROGRESS_MARK, a JSON
 # object a line: engines.Session.progress); the stage actor sets its live gauges from them.
 _PROGRESS = re.compile(r"^omni-ray progress: (\{.*\})$", re.M)

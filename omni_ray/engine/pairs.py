@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engine.launch import launch_arm, log_phase
 from omni_ray.engines.request import EngineRequest
 
 SIDES = ("a", "b")
@@ -63,7 +63,7 @@ def launch_pair(reqs: tuple[EngineRequest, EngineRequest], workdir: Path, name: 
     order: list[list[int]] = []
     error = None
     either_ended = lambda: any(r is not None for r in results)  # noqa: E731
-    if _wait(lambda: all(_phase(workdir / f"{name}.{s}.log") == "waiting" for s in SIDES),
+    if _wait(lambda: all(log_phase(workdir / f"{name}.{s}.log") == "waiting" for s in SIDES),
              either_ended, t0 + timeout_s):
         for k, side in turn_order(pairs):
             (dirs[side] / f"{k}.go").touch()
@@ -110,10 +110,3 @@ def _wait(cond: Callable[[], bool], stop: Callable[[], bool], deadline: float) -
             return cond()
         time.sleep(POLL_S)
     return True
-
-
-def _phase(log: Path) -> str | None:
-    try:
-        return last_phase(log.read_text(errors="replace"), "starting")
-    except FileNotFoundError:
-        return None

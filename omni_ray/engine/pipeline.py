@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omni_ray.config.schema import MAP_RULE, place_stages
-from omni_ray.engine.launch import last_phase, launch_arm
+from omni_ray.engine.launch import launch_arm, log_phase
 from omni_ray.engines import handover
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.sampler import tree_rss
@@ -131,7 +131,7 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
                 else:
                     continue
                 told.add(r.inputs_path)
-        elif not started and all(_phase(workdir / f"{name}.s{i}.log") == "waiting"
+        elif not started and all(log_phase(workdir / f"{name}.s{i}.log") == "waiting"
                                  for i in range(len(reqs))):
             if serving:  # stage 0 serves its load from now on
                 handover.append_line(reqs[0].inputs_path, {"go": True})
@@ -154,11 +154,6 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
         "wall_s": time.monotonic() - t0}
 
 
-def _phase(log: Path) -> str | None:
-    try:
-        return last_phase(log.read_text(errors="replace"), "starting")
-    except FileNotFoundError:
-        return None
 
 
 def _stages(reqs: list[EngineRequest], results: list[dict]) -> tuple[list[dict], dict]:
