@@ -23,6 +23,8 @@ The config and method classes are module-level: vLLM pickles the config to the e
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import threading
 from typing import Any
@@ -247,9 +249,13 @@ class CpuInt4LinearMethod(LinearMethodBase):
             st.tensor_names += (name,)
 
         if dense or not cfg.checkpoint_quantized:
+            # Quantized at load: each weight is packed as soon as all its shards are in, and
+            # its bf16 pages freed, so the whole bf16 model is never resident (torch.empty
+            # touches no page; the loader fills one checkpoint tensor at a time).
+            done = None if dense else functools.partial(self._quantize_loaded, layer)
             add("weight", ModelWeightParameter(
                 data=torch.empty(n, k, dtype=params_dtype), input_dim=1, output_dim=0,
-                weight_loader=self._checked_loader(st, "weight", loader)))
+                weight_loader=self._checked_loader(st, "weight", loader, done)))
             return
         add(grid.PACKED, PackedvLLMParameter(
             data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0,
@@ -270,7 +276,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
         return grid.expected_shapes(rows, st.full_k, self.config.group_size)[tensor], \
             grid.TENSOR_DTYPES[tensor]
 
-    def _checked_loader(self, st: _LayerState, tensor: str, inner):
+    def _checked_loader(self, st: _LayerState, tensor: str, inner, done=None):
+        """``inner`` with the checkpoint's shape and dtype checked first; ``done()`` once every
+        shard of ``tensor`` is loaded."""
         def load(param, loaded_weight, *args, **kwargs):
             shard = args[0] if args else kwargs.get("loaded_shard_id")
             if shard is None:
@@ -290,6 +298,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
                 covered = st.shards
             for s in covered:
                 st.loaded.add((tensor, s))
+            if done is not None and all((tensor, s) in st.loaded for s in st.shards):
+                done()
         return load
 
     def _check_complete(self, st: _LayerState) -> None:
@@ -321,11 +331,28 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if self.config.checkpoint_quantized:
             packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
                                           layer.weight_zero.data, empty=weight_arena.empty)
-        else:
-            packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size,
-                                                     empty=weight_arena.empty)
-        for name in st.tensor_names:  # free the checkpoint layout: keep only one
-            del layer._parameters[name]
+            self._replace(layer, packed, sz)
+        else:  # the loader packs each weight as its last shard comes in; this one it did not
+            self._quantize_loaded(layer)
+
+    def _quantize_loaded(self, layer: torch.nn.Module) -> None:
+        """A bf16 weight, fully loaded, to the packed layout; its pages freed at once."""
+        st: _LayerState = layer.cpu_int4
+        if st.processed:
+            return
+        packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size,
+                                                 empty=weight_arena.empty)
+        self._replace(layer, packed, sz)
+
+    @staticmethod
+    def _replace(layer: torch.nn.Module, packed: torch.Tensor, sz: torch.Tensor) -> None:
+        """The checkpoint layout's parameters dropped and their storage freed (the model's
+        ``load_weights`` still holds the Parameter objects until it returns), the packed ones
+        registered."""
+        st: _LayerState = layer.cpu_int4
+        for name in st.tensor_names:
+            param = layer._parameters.pop(name)
+            param.data = torch.empty(0, dtype=param.dtype)
         layer.register_parameter(PACK, Parameter(packed, requires_grad=False))
         layer.register_parameter(SCALES_ZEROS, Parameter(sz, requires_grad=False))
         st.processed = True

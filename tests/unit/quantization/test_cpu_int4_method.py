@@ -163,3 +163,51 @@ def test_config_pickles():
 
     c = cpu_int4.CpuInt4Config.from_config({"group_size": 32, "row_threshold": 9})
     assert pickle.loads(pickle.dumps(c)).to_dict() == c.to_dict()
+
+
+def _at_load_qkv():
+    """A fused layer of a bf16 checkpoint, quantized at load (``LLM(quantization="cpu_int4")``)."""
+    config = cpu_int4.CpuInt4Config(group_size=128)
+    config.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    layer = FakeQKV("model.layers.1.self_attn.qkv_proj")
+    method = cpu_int4.CpuInt4LinearMethod(config, layer.prefix)
+    method.create_weights(layer, H, [256, 128, 128], H, 512, torch.bfloat16,
+                          weight_loader=_copy_loader)
+    return layer, method
+
+
+def test_at_load_each_weight_is_packed_once_its_last_shard_is_in_and_its_bf16_freed():
+    torch.manual_seed(0)
+    w = {"q": torch.randn(256, H).bfloat16(), "k": torch.randn(128, H).bfloat16(),
+         "v": torch.randn(128, H).bfloat16()}
+    layer, method = _at_load_qkv()
+    bf16 = layer.weight  # what the model's load_weights holds in its params_dict
+    for shard in ("q", "k"):
+        bf16.weight_loader(bf16, w[shard], shard)
+        assert "weight" in dict(layer.named_parameters())  # a shard is missing: still bf16
+    bf16.weight_loader(bf16, w["v"], "v")
+    names = {n for n, _ in layer.named_parameters()}
+    assert names == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
+    assert bf16.numel() == 0  # its storage is gone although the Parameter object lives on
+    method.process_weights_after_loading(layer)  # vLLM's call after loading changes nothing
+    packed = getattr(layer, cpu_int4.PACK)
+
+    # The same weight quantized after loading (the path before): the very same bytes.
+    ref, ref_method = _at_load_qkv()
+    full = torch.cat([w["q"], w["k"], w["v"]])
+    ref.weight.data.copy_(full)  # filled behind the loader's back: packed only after loading
+    ref.cpu_int4.loaded |= {("weight", s) for s in ref.cpu_int4.shards}
+    ref_method.process_weights_after_loading(ref)
+    assert torch.equal(getattr(ref, cpu_int4.PACK), packed)
+    assert torch.equal(getattr(ref, cpu_int4.SCALES_ZEROS), getattr(layer, cpu_int4.SCALES_ZEROS))
+    x = torch.randn(3, H).bfloat16()
+    expect = x.float() @ grid.dequantize(grid.quantize(full, 128)).float().T
+    torch.testing.assert_close(method.apply(layer, x).float(), expect, atol=0.1, rtol=0.02)
+
+
+def test_at_load_missing_shard_is_named_after_loading():
+    layer, method = _at_load_qkv()
+    for shard, rows in (("q", 256), ("v", 128)):
+        layer.weight.weight_loader(layer.weight, torch.randn(rows, H).bfloat16(), shard)
+    with pytest.raises(OmniInputError, match=r"k_proj: weight is missing"):
+        method.process_weights_after_loading(layer)
