@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 BLOCK_N = 64
 # Rows whose int32 codes are materialised at once while repacking (times K x 4 bytes).
 REPACK_CHUNK_BYTES = 64 << 20
+# Quantizing makes about five fp32 temporaries of a chunk (grid.quantize_codes): at 64 MiB that
+# was a ~300 MiB transient on top of an engine quantizing at load; 8 MiB costs no time.
+QUANTIZE_CHUNK_BYTES = 8 << 20
 
 
 def blocks(n: int, k: int) -> list[tuple[int, int, int]]:
@@ -211,7 +214,7 @@ def _placed(t: torch.Tensor, empty) -> torch.Tensor:
 
 
 def quantize_and_pack(w: torch.Tensor, group_size: int,
-                      chunk_bytes: int = REPACK_CHUNK_BYTES,
+                      chunk_bytes: int = QUANTIZE_CHUNK_BYTES,
                       empty=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 weight [N, K] straight to the layout (quantize at load), in row chunks;
     ``empty`` as in :func:`repack`."""

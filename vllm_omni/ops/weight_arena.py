@@ -134,3 +134,19 @@ def huge_page_kib(t: torch.Tensor) -> int:
     except OSError:
         pass
     return 0
+
+
+def own_mapping(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor on an anonymous mapping of its own, unmapped the moment the tensor
+    is gone, whatever its size. For a weight that lives only while it is loaded (quantized at
+    load): torch's allocator takes a tensor under glibc's mmap threshold (32 MiB at most) from
+    the heap, whose freed pages stay resident, so freeing the bf16 weights one by one would not
+    lower the process's RssAnon. Untouched pages are not resident here either."""
+    count = 1
+    for d in shape:
+        count *= int(d)
+    nbytes = count * dtype.itemsize
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(m, dtype=torch.uint8).view(dtype).view(shape)

@@ -250,11 +250,13 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
         if dense or not cfg.checkpoint_quantized:
             # Quantized at load: each weight is packed as soon as all its shards are in, and
-            # its bf16 pages freed, so the whole bf16 model is never resident (torch.empty
-            # touches no page; the loader fills one checkpoint tensor at a time).
+            # its bf16 pages unmapped, so the whole bf16 model is never resident (the loader
+            # fills one checkpoint tensor at a time; untouched pages are not resident).
             done = None if dense else functools.partial(self._quantize_loaded, layer)
+            data = torch.empty(n, k, dtype=params_dtype) if dense else \
+                weight_arena.own_mapping((n, k), params_dtype)
             add("weight", ModelWeightParameter(
-                data=torch.empty(n, k, dtype=params_dtype), input_dim=1, output_dim=0,
+                data=data, input_dim=1, output_dim=0,
                 weight_loader=self._checked_loader(st, "weight", loader, done)))
             return
         add(grid.PACKED, PackedvLLMParameter(

@@ -114,3 +114,26 @@ def test_repack_into_the_arena_gives_the_same_values():
         assert torch.equal(a, b) and b.is_contiguous()
     if THP_MODE != "never":
         assert weight_arena.huge_page_kib(placed[0]) > 0
+
+
+def _mapped(addr: int) -> bool:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+        if lo <= addr < hi:
+            return True
+    return False
+
+
+def test_own_mapping_is_unmapped_when_its_tensor_goes_even_when_small():
+    """A bf16 weight quantized at load lives on a mapping of its own: freeing it lowers RSS,
+    which a small tensor from torch's allocator (glibc's heap) would not."""
+    t = weight_arena.own_mapping((256, 384), torch.bfloat16)  # 192 KiB: glibc would use its heap
+    assert t.shape == (256, 384) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    t.fill_(1.5)
+    assert float(t.sum()) == 1.5 * 256 * 384
+    addr = t.data_ptr()
+    assert _mapped(addr)
+    del t
+    gc.collect()
+    assert not _mapped(addr)
+    assert weight_arena.own_mapping((0, 5), torch.bfloat16).shape == (0, 5)
