@@ -22,7 +22,9 @@ quality probe, replicas, ``multiprocessing``, other engines) is refused the same
 The comparison is the one a sweep's ``compare:`` makes (``results.pairs``), with B as the arm
 and A as the baseline on ``decode_tok_s``: the pairwise ratios B / A of the decode rate (the
 same as A / B of the step time: > 1, B is faster), their median, the sign test; and whether both
-sides produced the same tokens.
+sides produced the same tokens. A pair during which something else used the CPUs
+(``measure.cpuload.NeighbourLoad`` over the pair, above compare's limit) is counted and left
+out, as compare: leaves it out.
 
 A change to vLLM's per-step Python is a few percent of a step, below what 30 pairs of whole steps
 resolve here (a pair's ratio scatters by ~10 %). So each step is also split, by the same
@@ -89,6 +91,7 @@ from omni_ray.config import Arm, SweepConfig, expand, load_sweep_file
 from omni_ray.config.fields import thaw
 from omni_ray.engines.request import EngineRequest
 from omni_ray.errors import ConfigError, UserError
+from omni_ray.measure.cpuload import NeighbourLoad, contended_during
 from omni_ray.results.pairs import pair_stats, pairs_markdown, summarize_pairs
 from omni_ray.results.record import make_record
 from omni_ray.results.store import read_json, write_json_atomic, write_text_atomic
@@ -317,20 +320,24 @@ Step = Callable[[], tuple[float, float | None, list]]
 
 
 def take_pairs(flip: Callable[[str], None], step: Step, sides: tuple[str, str], pairs: int,
-               warmup: int = 1) -> dict:
+               warmup: int = 1, watch: Callable[[], Callable[[], dict]] | None = None) -> dict:
     """``warmup`` uncounted rounds of both sides, then ``pairs`` pairs, the first side first in
     even pairs. ``step()``: (the step's ms, its ms outside the model or None, the tokens).
-    Returns each side's step and outside-model ms, in pair order, and whether each side made the
-    same tokens every time and both the same."""
+    ``watch()``, when given, starts watching the CPUs for a pair and returns what ends it with
+    its figures (``measure.cpuload.NeighbourLoad``). Returns each side's step and outside-model
+    ms in pair order, each pair's neighbour figures, and whether each side made the same tokens
+    every time and both the same."""
     a, b = sides
     ms: dict[str, list[float]] = {a: [], b: []}
     outside: dict[str, list[float | None]] = {a: [], b: []}
+    neighbours: list[dict] = []
     tokens: dict[str, list | None] = {}
     for _ in range(warmup):
         for side in sides:
             flip(side)
             step()
     for i in range(pairs):
+        stop = watch() if watch else None
         for side in pair_order(i, a, b):
             flip(side)
             t, out, ids = step()
@@ -338,8 +345,10 @@ def take_pairs(flip: Callable[[str], None], step: Step, sides: tuple[str, str], 
             outside[side].append(out)
             if tokens.setdefault(side, ids) != ids:
                 tokens[side] = None  # greedy decoding of the same prompts changed within a side
+        if stop:
+            neighbours.append(stop())
     flip(a)
-    return {"step_ms": ms, "outside_model_ms": outside,
+    return {"step_ms": ms, "outside_model_ms": outside, "neighbours": neighbours,
             "same_tokens": tokens.get(a) is not None and tokens.get(a) == tokens.get(b)}
 
 
@@ -347,17 +356,21 @@ def pair_measurements(sides: tuple[str, str], taken: dict, batch: int = 1) -> di
     """The pairs as a sweep's ``compare:`` records them (``results.pairs.pair_stats``), B the
     arm and A the baseline, on the decode rate (``batch`` tokens a step; ratio B / A, > 1: B is
     faster), plus each side's step ms; the outside-model ms as ratios A / B (> 1: B spends
-    less), when measured."""
+    less), when measured. A pair that ran beside a neighbour is counted and left out, as
+    compare: leaves it out."""
     a, b = sides
     ms = taken["step_ms"]
+    neighbours = taken.get("neighbours") or []
+    contended = [contended_during(n) is not None for n in neighbours]
     rate = {s: [batch * 1e3 / t if t > 0 else None for t in v] for s, v in ms.items()}
-    out = pair_stats(rate[b], rate[a]) | {
+    out = pair_stats(rate[b], rate[a], contended) | {
         "metric": METRIC, "step_ms": ms, "same_tokens": taken["same_tokens"],
-        "median_step_ms": {s: statistics.median(v) for s, v in ms.items()}}
+        "median_step_ms": {s: statistics.median(v) for s, v in ms.items()},
+        "neighbours": neighbours}
     outside = taken.get("outside_model_ms") or {}
     if outside and all(x is not None for v in outside.values() for x in v):
         out.update(outside_model_ms=outside,
-                   outside_model=pair_stats(outside[a], outside[b]) | {"ratio": "A / B"},
+                   outside_model=pair_stats(outside[a], outside[b], contended) | {"ratio": "A / B"},
                    median_outside_model_ms={s: statistics.median(v) for s, v in outside.items()})
     return out
 
@@ -433,7 +446,11 @@ def measure(ab: StepAB) -> tuple[dict, dict]:
         t, ids = decode_step_ms(llm, prompts, w.output_len, sampling, timer)
         return t, timer.step_ms(w.output_len - 1), ids
 
-    taken = take_pairs(flipper(ab.switch, sampling, llm), step, ab.sides, ab.pairs, w.warmup)
+    def watch() -> Callable[[], dict]:
+        return NeighbourLoad(os.getpid(), ab.cpus).stop
+
+    taken = take_pairs(flipper(ab.switch, sampling, llm), step, ab.sides, ab.pairs, w.warmup,
+                       watch)
     return pair_measurements(ab.sides, taken, w.batch), {
         "model_path": str(model), "patch_report": vllm_omni.patch_report(),
         "kernels": vllm_omni.kernel_report(),

@@ -229,6 +229,26 @@ def test_measurements_are_compare_s_pair_stats_with_b_as_the_arm():
     assert "outside_model" not in step_ab.pair_measurements(("a", "b"), unsplit)
 
 
+def test_a_pair_beside_a_neighbour_is_counted_and_left_out():
+    flips: list[str] = []
+    times = {"a": [10.0, 10.0, 10.0], "b": [8.0, 12.0, 8.0]}
+    fracs = iter([0.0, 0.9, None])  # None: a window too short to tell
+    watched = []
+
+    def watch():
+        watched.append(len(flips))
+        return lambda: {"neighbour_cpu_frac": next(fracs), "neighbour_window_s": 3.0}
+
+    taken = step_ab.take_pairs(flips.append, fake_step(times, flips), ("a", "b"), 3, warmup=0,
+                               watch=watch)
+    assert watched == [0, 2, 4]  # one window a pair
+    m = step_ab.pair_measurements(("a", "b"), taken)
+    assert (m["pairs"], m["pairs_used"], m["pairs_contended"]) == (3, 2, 1)
+    assert m["ratios"] == pytest.approx([1.25, 1.25])  # the slower pair ran beside a neighbour
+    assert m["outside_model"]["pairs_contended"] == 1
+    assert m["neighbours"][1]["neighbour_cpu_frac"] == 0.9
+
+
 # --- the record and the summary ----------------------------------------------------------------
 
 def fake_measure(ab):
