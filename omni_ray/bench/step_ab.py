@@ -80,6 +80,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import itertools
 import os
 import statistics
 import sys
@@ -89,6 +90,7 @@ from pathlib import Path
 
 from omni_ray.config import Arm, SweepConfig, expand, load_sweep_file
 from omni_ray.config.fields import thaw
+from omni_ray.engine.pairs import turn_order
 from omni_ray.engines.request import EngineRequest
 from omni_ray.errors import ConfigError, UserError
 from omni_ray.measure.cpuload import NeighbourLoad, contended_during
@@ -312,21 +314,17 @@ def decode_step_ms(llm, prompts: list[list[int]], output_len: int, sampling: dic
             [list(o.outputs[0].token_ids) for o in out])
 
 
-def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
-    return (a, b) if i % 2 == 0 else (b, a)
-
-
 Step = Callable[[], tuple[float, float | None, list]]
 
 
 def take_pairs(flip: Callable[[str], None], step: Step, sides: tuple[str, str], pairs: int,
                warmup: int = 1, watch: Callable[[], Callable[[], dict]] | None = None) -> dict:
-    """``warmup`` uncounted rounds of both sides, then ``pairs`` pairs, the first side first in
-    even pairs. ``step()``: (the step's ms, its ms outside the model or None, the tokens).
-    ``watch()``, when given, starts watching the CPUs for a pair and returns what ends it with
-    its figures (``measure.cpuload.NeighbourLoad``). Returns each side's step and outside-model
-    ms in pair order, each pair's neighbour figures, and whether each side made the same tokens
-    every time and both the same."""
+    """``warmup`` uncounted rounds of both sides, then ``pairs`` pairs in compare:'s order (the
+    first side first in even pairs). ``step()``: (the step's ms, its ms outside the model or
+    None, the tokens). ``watch()``, when given, starts watching the CPUs for a pair and returns
+    what ends it with its figures (``measure.cpuload.NeighbourLoad``). Returns each side's step
+    and outside-model ms in pair order, each pair's neighbour figures, and whether each side
+    made the same tokens every time and both the same."""
     a, b = sides
     ms: dict[str, list[float]] = {a: [], b: []}
     outside: dict[str, list[float | None]] = {a: [], b: []}
@@ -336,9 +334,11 @@ def take_pairs(flip: Callable[[str], None], step: Step, sides: tuple[str, str], 
         for side in sides:
             flip(side)
             step()
-    for i in range(pairs):
+    # the order a compare: pair's turns take (engine.pairs): A then B, then B then A, ...
+    for _, turns in itertools.groupby(turn_order(pairs), key=lambda turn: turn[0]):
         stop = watch() if watch else None
-        for side in pair_order(i, a, b):
+        for _, i in turns:
+            side = sides[i]
             flip(side)
             t, out, ids = step()
             ms[side].append(t)

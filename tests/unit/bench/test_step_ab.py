@@ -22,9 +22,11 @@ def write_yaml(tmp_path: Path, text: str, name: str = "ab.yaml") -> Path:
     return path
 
 
-def test_sides_alternate_which_goes_first():
-    orders = [step_ab.pair_order(i, "a", "b") for i in range(4)]
-    assert orders == [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
+def test_sides_alternate_which_goes_first_as_compare_s_turns_do():
+    flips: list[str] = []
+    step_ab.take_pairs(flips.append, fake_step({"a": [1.0] * 4, "b": [1.0] * 4}, flips),
+                       ("a", "b"), 4, warmup=0)
+    assert flips == ["a", "b", "b", "a", "a", "b", "b", "a", "a"]  # then back to A
 
 
 def test_detokenize_switch_changes_only_the_sampling_fields():
