@@ -88,6 +88,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from omni_ray.cli import user_error_types
 from omni_ray.config import Arm, SweepConfig, expand, load_sweep_file
 from omni_ray.config.fields import thaw
 from omni_ray.engine.pairs import turn_order
@@ -459,14 +460,15 @@ def measure(ab: StepAB) -> tuple[dict, dict]:
 
 
 def run(ab: StepAB, out: str | os.PathLike = "results", command: str = "",
-        measure_fn: Callable[[StepAB], tuple[dict, dict]] = measure) -> Path:
-    """Measure and write the run; returns the record's path. A run that fails while
-    measuring is recorded too (status failed, its error), then the error goes on."""
+        measure_fn: Callable[[StepAB], tuple[dict, dict]] | None = None) -> Path:
+    """Measure (``measure_fn``, default :func:`measure`: the engine in this process) and write
+    the run; returns the record's path. A run that fails while measuring is recorded too
+    (status failed, its error), then the error goes on; bad input is not a run."""
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     t0 = time.time()
     try:
-        measurements, facts = measure_fn(ab)
-    except UserError:  # bad input (a model that is not there): no record, one line
+        measurements, facts = (measure_fn or measure)(ab)
+    except user_error_types():  # bad input (a model that is not there): no record, one line
         raise
     except Exception as e:
         write_run(ab, make_step_record(ab, {}, status="failed", error=f"{type(e).__name__}: {e}",
@@ -506,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         command = " ".join([sys.executable, "-m", __spec__.name,
                             *(sys.argv[1:] if argv is None else argv)])
         path = run(ab, args.out, command)
-    except UserError as e:  # bad input: one line, exit 2 (as the omni-ray command does)
+    except user_error_types() as e:  # bad input: one line, exit 2 (as the omni-ray command)
         print(f"step_ab: error: {e}", file=sys.stderr)
         return 2
     print(f"{headline(read_json(path))}  -> {path}", flush=True)

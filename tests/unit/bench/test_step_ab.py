@@ -309,3 +309,15 @@ def test_a_record_that_cannot_be_written_leaves_no_file(tmp_path):
     with pytest.raises(ValueError, match="cannot write as JSON"):
         step_ab.run(ab, tmp_path, measure_fn=nan)
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_bad_input_found_while_loading_is_one_line_and_no_record(tmp_path, capsys, monkeypatch):
+    from vllm_omni.errors import OmniInputError
+
+    def bad_checkpoint(ab):
+        raise OmniInputError("/m: not a cpu_int4 checkpoint")
+
+    monkeypatch.setattr(step_ab, "measure", bad_checkpoint)
+    assert step_ab.main([str(TINY), "--switch", "gc", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "step_ab: error: /m: not a cpu_int4 checkpoint\n"
+    assert not list(tmp_path.rglob("*.json"))
