@@ -89,7 +89,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omni_ray.cli import user_error_types
-from omni_ray.config import Arm, SweepConfig, expand, load_sweep_file
+from omni_ray.config import Arm, SweepConfig, WorkloadConfig, expand, load_sweep_file
 from omni_ray.config.fields import thaw
 from omni_ray.engine.pairs import turn_order
 from omni_ray.engines.request import EngineRequest
@@ -220,15 +220,29 @@ class StepAB:
         return dataclasses.replace(EngineRequest.for_arm(self.arm, 0), cpus=self.cpus)
 
 
-# What has no meaning in one in-process engine: (field path, the arm's value, the only value
-# step_ab takes; None: the field must be left out).
-def _refusals(sweep: SweepConfig, arm: Arm) -> list[tuple[str, object, object]]:
-    s, w = arm.stage, arm.workload
-    return [("stage.engine", s.engine, "vllm"), ("stage.multiprocessing", s.multiprocessing, False),
-            ("stages", len(arm.stages) or None, None), ("workload.mode", w.mode, "offline"),
-            ("workload.context_len", w.context_len, 0), ("workload.quality", w.quality, None),
-            ("placement.replicas", arm.replicas, 1),
-            ("compare", sweep.compare and sweep.compare.to_dict(), None)]
+# What has no meaning in one in-process engine: (field path, the arm's value, the one value
+# step_ab takes, what to do instead). A sweep file's other fields (timeout_s, noise:,
+# placement.share_engine, ...) change nothing here.
+_PAIRS_SAY = "leave it out; --pairs says how many"
+_SWEEP_DEFAULTS = {fl.name: fl.default for fl in dataclasses.fields(SweepConfig)}
+
+
+def _refusals(sweep: SweepConfig, arm: Arm) -> list[tuple[str, object, object, str]]:
+    s, w, out = arm.stage, arm.workload, "leave it out"
+    return [("stage.engine", s.engine, "vllm", "only vllm here"),
+            ("stage.multiprocessing", s.multiprocessing, False,
+             "only false here: the switch flips this process's engine"),
+            ("stages", len(arm.stages) or None, None, out),
+            ("workload.mode", w.mode, "offline", "only offline here"),
+            ("workload.context_len", w.context_len, 0, out),
+            ("workload.quality", w.quality, None, out),
+            ("workload.repeats", w.repeats, WorkloadConfig().repeats, _PAIRS_SAY),
+            ("passes", sweep.passes, _SWEEP_DEFAULTS["passes"], _PAIRS_SAY),
+            ("placement.replicas", arm.replicas, 1, out),
+            ("placement.nodes", sweep.placement.nodes, None,
+             "leave it out; step_ab runs on this process's CPUs (placement.slot_cores: how many)"),
+            ("placement.ray_nodes", sweep.placement.ray_nodes, None, out),
+            ("compare", sweep.compare and sweep.compare.to_dict(), None, out)]
 
 
 def load(path: str | os.PathLike, switch: str, pairs: int,
@@ -248,9 +262,8 @@ def load(path: str | os.PathLike, switch: str, pairs: int,
                           f"step_ab runs one arm; the file makes {len(arms)} "
                           f"({', '.join(a.label for a in arms)})")
     arm = arms[0]
-    for field, value, wanted in _refusals(sweep, arm):
+    for field, value, wanted, fix in _refusals(sweep, arm):
         if value != wanted:
-            fix = "leave it out" if wanted is None else f"only {wanted!r} here"
             raise ConfigError(src, field, f"has no meaning for step_ab (one vLLM engine in this "
                                           f"process); {fix}", thaw(value))
     stage = arm.stage

@@ -138,6 +138,9 @@ def test_slot_cores_takes_the_first_cpus_of_the_affinity(tmp_path):
     ("stage:\n  multiprocessing: true\n", "stage.multiprocessing", "True"),
     ("workload:\n  context_len: 256\n", "workload.context_len", "256"),
     ("stage:\n  cpp_wrapper: true\n", "stage.cpp_wrapper", "True"),  # eager by default
+    ("passes: 5\n", "passes", "5"),
+    ("workload:\n  repeats: 5\n", "workload.repeats", "5"),
+    ("stage:\n  engine: transformers\n  kv_cache_mib: null\n", "stage.engine", "'transformers'"),
 ])
 def test_a_bad_field_is_one_line_naming_file_field_and_value(tmp_path, text, field, value):
     path = write_yaml(tmp_path, text)
