@@ -509,7 +509,7 @@ def headline(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("config", help="a one-arm sweep file (e.g. configs/step_ab.yaml)")
     p.add_argument("--switch", choices=sorted(SWITCHES), required=True)
     p.add_argument("--pairs", type=int, default=30)
