@@ -1,21 +1,37 @@
-"""One switch, A against B, in one engine process: interleaved pairs of decode steps.
+"""A developer's probe, not a benchmark a user runs: one switch, A against B, in one engine
+process, as interleaved pairs of decode steps.
 
-    python -m omni_ray.bench.step_ab --switch cpu_attention --pairs 30 --out results/step_ab/
+    python -m omni_ray.bench.step_ab configs/step_ab.yaml --switch cpu_attention --pairs 30
 
 On a shared machine two runs minutes apart can differ by more than the change being judged
 (here the same decode step took 12-21 ms from run to run), so an A/B of two processes can come
-out reversed. Here one in-process engine (compiled unless ``--eager``) decodes with A, then with
-B, ``--pairs`` times, alternating which side goes first. A side's step time is taken by
-difference, (65-token run - 1-token run) / 64, on the same prompt. The result is each side's
-median step, the median of the pairwise ratios A / B (> 1: B is faster), and whether both sides
-produced the same tokens.
+out reversed. Here one in-process engine decodes with A, then with B, ``--pairs`` times,
+alternating which side goes first (after ``workload.warmup`` uncounted rounds of both). A side's
+step time is taken by difference, (``output_len``-token run - 1-token run) / (output_len - 1),
+on the same prompts, as a sweep takes its decode time.
+
+The engine and the workload are an ordinary one-arm sweep file's (configs/step_ab.yaml), read
+and checked by the sweep's own loader: a bad field is one line naming the file, the field and
+the value, and exit 2. The fields step_ab reads: the stage (model, dtype, quantization,
+kv_cache_mib, max_model_len, enforce_eager, cpp_wrapper, serial_kernels, env, disable_patches,
+engine_args), ``workload.prompt_len``, ``output_len``, ``batch``, ``warmup``, ``detokenize`` and
+``placement.slot_cores`` (the first that many CPUs this process may run on; default all). What
+has no meaning in one in-process engine (several arms, pipelines, serving, ``context_len``, the
+quality probe, replicas, ``multiprocessing``, other engines) is refused the same way.
+
+The comparison is the one a sweep's ``compare:`` makes (``results.pairs``), with B as the arm
+and A as the baseline on ``decode_tok_s``: the pairwise ratios B / A of the decode rate (the
+same as A / B of the step time: > 1, B is faster), their median, the sign test; and whether both
+sides produced the same tokens. A pair during which something else used the CPUs
+(``measure.cpuload.NeighbourLoad`` over the pair, above compare's limit) is counted and left
+out, as compare: leaves it out.
 
 A change to vLLM's per-step Python is a few percent of a step, below what 30 pairs of whole steps
 resolve here (a pair's ratio scatters by ~10 %). So each step is also split, by the same
 difference, into the time inside the model (``GPUModelRunner._model_forward`` and
 ``LogitsProcessor.forward``: the weight-streaming part) and the rest of ``LLMEngine.step``
 (``outside_model_ms``: scheduling, input preparation, sampling, output handling), and the
-pairwise ratios of that rest are reported too.
+pairwise ratios A / B of that rest are reported too.
 
 Switches, each flipped at run time without restarting the engine:
 
@@ -48,25 +64,40 @@ Switches, each flipped at run time without restarting the engine:
   into the side's memory (``Parameter.data``, so the compiled graph keeps its inputs).
 - ``compiled_entry``: with the ``compiled_call`` patch replaying, the replayed inputs go to the
   graph object Dynamo's code calls (A: torch's runtime wrappers, then inductor's C++-wrapper glue)
-  or straight to inductor's C++ entry (B); needs ``--cpp-wrapper``.
+  or straight to inductor's C++ entry (B); needs ``stage.cpp_wrapper: true``.
 
-The model is the shape's cpu_int4 g128 checkpoint (made once: ``ensure_int4``) or
-``--model DIR``. Writes ``<out>/<UTC timestamp>.json`` with provenance.
+The result is written as a sweep writes a ``compare:`` pair: a versioned record with the
+sweep's provenance (``results.record``, written atomically by ``results.store``) at
+``<out>/<sweep name>/<UTC run id>/pairs/<switch>.json``, and ``summary.md`` beside it with
+compare's table (``results.pairs.pairs_markdown``). The results before this layout are
+``results/step_ab/<UTC timestamp>.json``, from flags instead of a sweep file (``--shape``,
+``--model``, ``--eager``, ``--cpp-wrapper``; the model was a cpu_int4 g128 checkpoint made by
+``omni-ray quantize``, where configs/step_ab.yaml quantizes at load, to the same layout).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import itertools
 import os
 import statistics
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from omni_ray import envs
-from omni_ray.bench.common import save_and_exit
-from omni_ray.errors import UserError
-from omni_ray.results.pairs import pair_stats
+from omni_ray.cli import user_error_types
+from omni_ray.config import Arm, SweepConfig, WorkloadConfig, expand, load_sweep_file
+from omni_ray.config.fields import thaw
+from omni_ray.engine.pairs import turn_order
+from omni_ray.engines.request import EngineRequest
+from omni_ray.errors import ConfigError, UserError
+from omni_ray.measure.cpuload import NeighbourLoad, contended_during
+from omni_ray.results.pairs import pair_stats, pairs_markdown, summarize_pairs
+from omni_ray.results.record import make_record
+from omni_ray.results.store import read_json, write_json_atomic, write_text_atomic
 
 SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
@@ -83,9 +114,8 @@ SWITCHES = {
 }
 # Switches that flip a vllm_omni patch: the engine starts with it disabled, and A is vLLM's own.
 PATCH_SWITCHES = ("cpu_attention", "step_overhead", "compiled_call")
-PROMPT_LEN = 128
-OUTPUT_LEN = 64
-STAGE = {"kv_cache_mib": 256, "max_model_len": 1024, "multiprocessing": False}
+# The figure the pairs compare, as a sweep's compare: names it (higher is better).
+METRIC = "decode_tok_s"
 
 
 def move_packed_weights(worker, huge: bool) -> int:
@@ -161,197 +191,343 @@ class OutsideModel:
     def mark(self) -> None:
         self.marks.append(self.total)
 
-    def step_ms(self, output_len: int) -> float:
-        """Per decode step, by difference of the last two marked runs (1 and output_len + 1
-        tokens), as :func:`decode_step_ms` takes the wall time."""
+    def step_ms(self, steps: int) -> float:
+        """Per decode step, by difference of the last two marked runs (1 token, then ``steps``
+        decode steps more), as :func:`decode_step_ms` takes the wall time."""
         one, many = (self.marks[-2] - self.marks[-3], self.marks[-1] - self.marks[-2])
-        return (many - one) / output_len * 1e3
+        return (many - one) / steps * 1e3
 
 
-def pair_order(i: int, a: str, b: str) -> tuple[str, str]:
-    return (a, b) if i % 2 == 0 else (b, a)
+
+@dataclasses.dataclass(frozen=True)
+class StepAB:
+    """What one run compares: the sweep file's one arm (its stage with the switch's patch off
+    at the start, for a patch switch), the switch, how many pairs, and the CPUs it runs on."""
+
+    sweep: SweepConfig
+    arm: Arm
+    switch: str
+    pairs: int
+    cpus: tuple[int, ...]
+
+    @property
+    def sides(self) -> tuple[str, str]:
+        return SWITCHES[self.switch]
+
+    def request(self) -> EngineRequest:
+        """The engine's request, as a sweep builds it for an arm (``engines.vllm`` turns it
+        into the environment and ``vllm.LLM``'s arguments)."""
+        return dataclasses.replace(EngineRequest.for_arm(self.arm, 0), cpus=self.cpus)
 
 
-def summarize(a: str, b: str, ms: dict[str, list[float]],
-              outside: dict[str, list[float]] | None = None) -> dict:
-    """The pairs' comparison as a sweep's ``compare:`` makes it (``results.pairs``): ratios
-    A / B of step times (> 1: B is faster), their median, the sign test."""
-    s = pair_stats(ms[a], ms[b])
-    med = {side: statistics.median(v) for side, v in ms.items()}
-    out = {"median_step_ms": med, "ratio_of_medians": med[a] / med[b],
-           "pairwise_ratio_median": s["ratio_median"], "pairs_b_faster": s["wins"],
-           "pairwise_ratios": s["ratios"], "sign_test_p": s["sign_test_p"]}
-    if outside:
-        o = pair_stats(outside[a], outside[b])
-        out.update({"median_outside_model_ms": {k: statistics.median(v)
-                                                for k, v in outside.items()},
-                    "outside_model_pairwise_ratio_median": o["ratio_median"],
-                    "outside_model_pairs_b_faster": o["wins"],
-                    "outside_model_pairwise_ratios": o["ratios"],
-                    "outside_model_sign_test_p": o["sign_test_p"]})
-    return out
+# What has no meaning in one in-process engine: (field path, the arm's value, the one value
+# step_ab takes, what to do instead). A sweep file's other fields (timeout_s, noise:,
+# placement.share_engine, ...) change nothing here.
+_PAIRS_SAY = "leave it out; --pairs says how many"
+_SWEEP_DEFAULTS = {fl.name: fl.default for fl in dataclasses.fields(SweepConfig)}
 
 
-GROUP_SIZE = 128
+def _refusals(sweep: SweepConfig, arm: Arm) -> list[tuple[str, object, object, str]]:
+    s, w, out = arm.stage, arm.workload, "leave it out"
+    return [("stage.engine", s.engine, "vllm", "only vllm here"),
+            ("stage.multiprocessing", s.multiprocessing, False,
+             "only false here: the switch flips this process's engine"),
+            ("stages", len(arm.stages) or None, None, out),
+            ("workload.mode", w.mode, "offline", "only offline here"),
+            ("workload.context_len", w.context_len, 0, out),
+            ("workload.quality", w.quality, None, out),
+            ("workload.repeats", w.repeats, WorkloadConfig().repeats, _PAIRS_SAY),
+            ("passes", sweep.passes, _SWEEP_DEFAULTS["passes"], _PAIRS_SAY),
+            ("placement.replicas", arm.replicas, 1, out),
+            ("placement.nodes", sweep.placement.nodes, None,
+             "leave it out; step_ab runs on this process's CPUs (placement.slot_cores: how many)"),
+            ("placement.ray_nodes", sweep.placement.ray_nodes, None, out),
+            ("compare", sweep.compare and sweep.compare.to_dict(), None, out)]
 
 
-def ensure_int4(shape: str, work: Path) -> Path:
-    """The shape's cpu_int4 g128 checkpoint under ``work``, quantized once (again when
-    ``omni-ray quantize`` writes another config today, e.g. a changed row_threshold)."""
-    import json
-    import shlex
-    import subprocess
-    import sys
-
-    from omni_ray.models.build import ensure_model
-    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD
-
-    model = ensure_model(shape)
-    int4 = work / model.name / f"cpu_int4-g{GROUP_SIZE}"
-    if (int4 / "omni_quantize.json").is_file():
-        qc = json.loads((int4 / "config.json").read_text()).get("quantization_config", {})
-        if qc.get("row_threshold") == DEFAULT_ROW_THRESHOLD:
-            return int4
-    cmd = [sys.executable, "-m", "omni_ray.cli", "quantize", str(model), str(int4),
-           "--group-size", str(GROUP_SIZE), "--overwrite"]
-    log = int4.parent / "quantize.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        f.write(f"$ {shlex.join(cmd)}\n")
-        f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL).returncode
-    if rc != 0:
-        raise UserError(f"omni-ray quantize failed (exit {rc}); see {log}")
-    return int4
-
-
-def in_process_engine(stage: dict, cpus: list[int], shape: str, model: str | None):
-    """(an engine in this process, pinned to ``cpus``, and its checkpoint): ``model`` or the
-    shape's cpu_int4 g128 checkpoint, made once (``ensure_int4``). Call before anything
-    else imports vLLM: the stage's environment is set first (vLLM reads some of it at import)."""
-    from omni_ray.engine.runner import engine_env, engine_kwargs
-    from omni_ray.measure.pinning import pin_all_threads
-
-    # the environment does not depend on the checkpoint: the shape names the model here
-    os.environ.update(engine_env({"model": model or shape, "stage": stage, "cpus": cpus}))
-    if model:
-        path = Path(model)
-    else:
-        path = ensure_int4(shape, envs.cache_dir() / "bench" / "int4_peers")
-    pin_all_threads(cpus)
-    import vllm_omni
-    from vllm import LLM
-
-    vllm_omni.register()
-    return LLM(**engine_kwargs({"model_path": str(path), "stage": stage, "cpus": cpus})), path
-
-
-def decode_step_ms(llm, prompt: list[list[int]], output_len: int, sampling: dict,
-                   timer: OutsideModel | None = None) -> tuple[float, list[int]]:
-    """One decode step's ms by difference of a 1-token and an ``output_len + 1``-token run on
-    ``prompt`` (the decode steps run at context len(prompt) .. + output_len), and the tokens.
-    A ``timer`` is marked before and after each run."""
-    from vllm import SamplingParams
-
-    from omni_ray.engine.runner import timed_generate
-    from omni_ray.workload.prompts import decode_seconds_per_token
-
-    marks = timer.mark if timer else (lambda: None)
-    marks()
-    t1, _ = timed_generate(llm, prompt, SamplingParams(max_tokens=1, **sampling))
-    marks()
-    tn, out = timed_generate(llm, prompt, SamplingParams(max_tokens=output_len + 1, **sampling))
-    marks()
-    return (decode_seconds_per_token(t1, tn, output_len + 1) * 1e3,
-            list(out[0].outputs[0].token_ids))
-
-
-def run(args: argparse.Namespace) -> dict:
-    from omni_ray.engine.runner import GREEDY
-    from omni_ray.workload.prompts import token_prompts
-
-    a, b = SWITCHES[args.switch]
-    cpus = sorted(os.sched_getaffinity(0))
-    stage = dict(STAGE, enforce_eager=args.eager, cpp_wrapper=args.cpp_wrapper,
-                 disable_patches=[args.switch] if args.switch in PATCH_SWITCHES else [])
-    llm, model = in_process_engine(stage, cpus, args.shape, args.model)
-    import vllm_omni
-    from vllm_omni.patches import compiled_call
-
-    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
-    prompt = token_prompts(1, PROMPT_LEN, vocab, seed=1)
-    sampling = dict(GREEDY)
-
-    timer = OutsideModel()
-
-    def step_ms() -> tuple[float, list[int]]:
-        return decode_step_ms(llm, prompt, OUTPUT_LEN, sampling, timer)
-
-    flip = flipper(args.switch, sampling, llm)
-    ms: dict[str, list[float]] = {a: [], b: []}
-    outside: dict[str, list[float]] = {a: [], b: []}
-    tokens: dict[str, list[int] | None] = {}
-    for side in (a, b):  # warm-up of both sides, not counted
-        flip(side)
-        step_ms()
-    for i in range(args.pairs):
-        for side in pair_order(i, a, b):
-            flip(side)
-            t, ids = step_ms()
-            ms[side].append(t)
-            outside[side].append(timer.step_ms(OUTPUT_LEN))
-            if tokens.setdefault(side, ids) != ids:
-                tokens[side] = None  # greedy decoding of one prompt changed within a side
-    flip(a)
-    return {"switch": args.switch, "a": a, "b": b, "model": str(model), "shape": args.shape,
-            "mode": "eager" if args.eager else "compiled", "cpp_wrapper": args.cpp_wrapper,
-            "cpus": cpus, "pairs": args.pairs,
-            "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "step_ms": ms,
-            "outside_model_ms": outside, **summarize(a, b, ms, outside),
-            "same_tokens": tokens[a] is not None and tokens[a] == tokens[b],
-            "patch_report": vllm_omni.patch_report(),
-            # what compiled_call did with the model ([] once the patch is removed)
-            "compiled_call": compiled_call.replays()}
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--switch", choices=sorted(SWITCHES), required=True)
-    p.add_argument("--pairs", type=int, default=30)
-    p.add_argument("--shape", default="qwen2.5-0.5b")
-    p.add_argument("--model", help="a cpu_int4 checkpoint directory (default: the shape's)")
-    p.add_argument("--eager", action="store_true", help="enforce_eager (default: compiled)")
-    p.add_argument("--cpp-wrapper", action="store_true",
-                   help="compiled with inductor's C++ wrapper (omni-ray's stage.cpp_wrapper)")
-    p.add_argument("--out", default="results/step_ab/")
-    args = p.parse_args(argv)
-    if args.pairs < 1:
-        p.error(f"--pairs must be at least 1, got {args.pairs}")
-    if args.switch == "compiled_entry" and not args.cpp_wrapper:
-        p.error("--switch compiled_entry needs --cpp-wrapper (the entry is the C++ wrapper's)")
-    if args.cpp_wrapper and args.eager:
-        p.error("--cpp-wrapper needs a compiled engine; drop --eager")
-    if args.model and not Path(args.model).is_dir():
-        p.error(f"--model: not a checkpoint directory: {args.model}")
-    if args.switch == "weight_prefetch":
+def load(path: str | os.PathLike, switch: str, pairs: int,
+         affinity: Sequence[int] | None = None) -> StepAB:
+    """Read the sweep file with the sweep's loader and check what step_ab adds: one arm, one
+    vLLM engine in this process, the switch's needs. ``affinity``: the CPUs this process may
+    run on (default: its own). Raises ``UserError`` (``ConfigError`` naming the field)."""
+    if switch not in SWITCHES:
+        raise UserError(f"--switch: must be one of {', '.join(sorted(SWITCHES))}, got {switch!r}")
+    if pairs < 1:
+        raise UserError(f"--pairs: must be >= 1, got {pairs}")
+    sweep = load_sweep_file(path)
+    src = sweep.source
+    arms = expand(sweep)
+    if len(arms) != 1:
+        raise ConfigError(src, "matrix" if sweep.matrix else "zip",
+                          f"step_ab runs one arm; the file makes {len(arms)} "
+                          f"({', '.join(a.label for a in arms)})")
+    arm = arms[0]
+    for field, value, wanted, fix in _refusals(sweep, arm):
+        if value != wanted:
+            raise ConfigError(src, field, f"has no meaning for step_ab (one vLLM engine in this "
+                                          f"process); {fix}", thaw(value))
+    stage = arm.stage
+    if stage.cpp_wrapper and stage.enforce_eager:
+        raise ConfigError(src, "stage.cpp_wrapper", "needs a compiled engine "
+                                                    "(stage.enforce_eager: false)", True)
+    if switch == "compiled_entry" and not stage.cpp_wrapper:
+        raise ConfigError(src, "stage.cpp_wrapper", "--switch compiled_entry needs it true (the "
+                                                    "entry is the C++ wrapper's)", False)
+    if switch == "weight_prefetch":
         from vllm_omni.ops import native
 
         status = native.load()
         if not status.available:
-            p.error(f"--switch weight_prefetch needs vllm_omni's native kernels: {status.reason}")
-    body = run(args)
-    med, out = body["median_step_ms"], body["median_outside_model_ms"]
-    save_and_exit(args.out, "step_ab", body, __spec__.name, argv,
-                  f"{body['switch']}: {body['a']} {med[body['a']]:.2f} ms, {body['b']} "
-                  f"{med[body['b']]:.2f} ms per step; pairwise {body['a']}/{body['b']} "
-                  f"{body['pairwise_ratio_median']:.3f} ({body['pairs_b_faster']}/{body['pairs']} "
-                  f"pairs {body['b']} faster); outside the model {out[body['a']]:.3f} vs "
-                  f"{out[body['b']]:.3f} ms, pairwise "
-                  f"{body['outside_model_pairwise_ratio_median']:.3f} "
-                  f"({body['outside_model_pairs_b_faster']}/{body['pairs']}); same tokens "
-                  f"{body['same_tokens']}")
+            raise UserError(f"--switch weight_prefetch needs vllm_omni's native kernels: "
+                            f"{status.reason}")
+    if switch in PATCH_SWITCHES and switch not in stage.disable_patches:
+        # the engine starts with the patch off: A is vLLM's own, B applies it again
+        arm = dataclasses.replace(arm, stage=dataclasses.replace(
+            stage, disable_patches=(*stage.disable_patches, switch)))
+    allowed = sorted(os.sched_getaffinity(0) if affinity is None else affinity)
+    if arm.slot_cores is not None and arm.slot_cores > len(allowed):
+        raise ConfigError(src, "placement.slot_cores", f"more than the {len(allowed)} CPUs this "
+                                                       f"process may run on", arm.slot_cores)
+    return StepAB(sweep, arm, switch, pairs, tuple(allowed[:arm.slot_cores]))
+
+
+def in_process_engine(req: EngineRequest):
+    """(an engine in this process, pinned to ``req.cpus``, and its model directory, resolved
+    as a sweep resolves it). Call before anything else imports vLLM: the environment a sweep's
+    engine gets is set first (vLLM reads some of it at import)."""
+    from omni_ray.engines.vllm import engine_env, engine_kwargs
+    from omni_ray.measure.pinning import pin_all_threads
+    from omni_ray.models.build import resolve_model
+
+    path = resolve_model(req.model)
+    os.environ.update(engine_env(req))
+    pin_all_threads(req.cpus)
+    import vllm_omni
+    from vllm import LLM
+
+    vllm_omni.register()
+    return LLM(**engine_kwargs(req, str(path))), path
+
+
+def decode_step_ms(llm, prompts: list[list[int]], output_len: int, sampling: dict,
+                   timer: OutsideModel | None = None) -> tuple[float, list[list[int]]]:
+    """One decode step's ms by difference of a 1-token and an ``output_len``-token run on
+    ``prompts``, and the tokens. A ``timer`` is marked before and after each run."""
+    from vllm import SamplingParams
+
+    from omni_ray.engines.vllm import timed_generate
+    from omni_ray.workload.prompts import decode_seconds_per_token
+
+    marks = timer.mark if timer else (lambda: None)
+    marks()
+    t1, _ = timed_generate(llm, prompts, SamplingParams(max_tokens=1, **sampling))
+    marks()
+    tn, out = timed_generate(llm, prompts, SamplingParams(max_tokens=output_len, **sampling))
+    marks()
+    return (decode_seconds_per_token(t1, tn, output_len) * 1e3,
+            [list(o.outputs[0].token_ids) for o in out])
+
+
+Step = Callable[[], tuple[float, float | None, list]]
+
+
+def take_pairs(flip: Callable[[str], None], step: Step, sides: tuple[str, str], pairs: int,
+               warmup: int = 1, watch: Callable[[], Callable[[], dict]] | None = None) -> dict:
+    """``warmup`` uncounted rounds of both sides, then ``pairs`` pairs in compare:'s order (the
+    first side first in even pairs). ``step()``: (the step's ms, its ms outside the model or
+    None, the tokens). ``watch()``, when given, starts watching the CPUs for a pair and returns
+    what ends it with its figures (``measure.cpuload.NeighbourLoad``). Returns each side's step
+    and outside-model ms in pair order, each pair's neighbour figures, and whether each side
+    made the same tokens every time and both the same."""
+    a, b = sides
+    ms: dict[str, list[float]] = {a: [], b: []}
+    outside: dict[str, list[float | None]] = {a: [], b: []}
+    neighbours: list[dict] = []
+    tokens: dict[str, list | None] = {}
+    for _ in range(warmup):
+        for side in sides:
+            flip(side)
+            step()
+    # the order a compare: pair's turns take (engine.pairs): A then B, then B then A, ...
+    for _, turns in itertools.groupby(turn_order(pairs), key=lambda turn: turn[0]):
+        stop = watch() if watch else None
+        for _, i in turns:
+            side = sides[i]
+            flip(side)
+            t, out, ids = step()
+            ms[side].append(t)
+            outside[side].append(out)
+            if tokens.setdefault(side, ids) != ids:
+                tokens[side] = None  # greedy decoding of the same prompts changed within a side
+        if stop:
+            neighbours.append(stop())
+    flip(a)
+    return {"step_ms": ms, "outside_model_ms": outside, "neighbours": neighbours,
+            "same_tokens": tokens.get(a) is not None and tokens.get(a) == tokens.get(b)}
+
+
+def pair_measurements(sides: tuple[str, str], taken: dict, batch: int = 1) -> dict:
+    """The pairs as a sweep's ``compare:`` records them (``results.pairs.pair_stats``), B the
+    arm and A the baseline, on the decode rate (``batch`` tokens a step; ratio B / A, > 1: B is
+    faster), plus each side's step ms; the outside-model ms as ratios A / B (> 1: B spends
+    less), when measured. A pair that ran beside a neighbour is counted and left out, as
+    compare: leaves it out."""
+    a, b = sides
+    ms = taken["step_ms"]
+    neighbours = taken.get("neighbours") or []
+    contended = [contended_during(n) is not None for n in neighbours]
+    rate = {s: [batch * 1e3 / t if t > 0 else None for t in v] for s, v in ms.items()}
+    out = pair_stats(rate[b], rate[a], contended) | {
+        "metric": METRIC, "step_ms": ms, "same_tokens": taken["same_tokens"],
+        "median_step_ms": {s: statistics.median(v) for s, v in ms.items()},
+        "neighbours": neighbours}
+    outside = taken.get("outside_model_ms") or {}
+    if outside and all(x is not None for v in outside.values() for x in v):
+        out.update(outside_model_ms=outside,
+                   outside_model=pair_stats(outside[a], outside[b], contended) | {"ratio": "A / B"},
+                   median_outside_model_ms={s: statistics.median(v) for s, v in outside.items()})
+    return out
+
+
+def make_step_record(ab: StepAB, measurements: dict, *, status: str = "ok",
+                     error: str | None = None, extra: dict | None = None) -> dict:
+    """The run's record, built as a ``compare:`` pair record is (``results.record``, with the
+    sweep's provenance): ``config`` holds the resolved arm, the switch and the two sides'
+    labels (what ``results.pairs.summarize_pairs`` reads)."""
+    a, b = ab.sides
+    return make_record(
+        kind="step_ab", measurements=measurements, status=status, error=error,
+        config={"arm": {"label": f"{ab.switch}={b}", "side": b},
+                "baseline": {"label": f"{ab.switch}={a}", "side": a},
+                "switch": ab.switch, "pairs": ab.pairs, "metric": METRIC,
+                "engine": ab.arm.to_dict(), "source": ab.sweep.source},
+        pinning={"requested_cpus": list(ab.cpus)},
+        extra={"sweep": ab.sweep.name, **(extra or {})})
+
+
+def summary_markdown(ab: StepAB, record: dict) -> str:
+    """summary.md: what ran, compare's table of the pair, the time outside the model."""
+    a, b = ab.sides
+    m = record["measurements"]
+    s, w = ab.arm.stage, ab.arm.workload
+    mode = "eager" if s.enforce_eager else "compiled" + (", C++ wrapper" if s.cpp_wrapper else "")
+    lines = [f"# step_ab: {ab.switch} ({a} vs {b})", "",
+             f"{ab.sweep.source}: {s.model}, {s.quantization or s.dtype}, {mode}; "
+             f"{len(ab.cpus)} CPUs; batch {w.batch}, prompt {w.prompt_len}, {w.output_len} "
+             f"tokens. Both sides in one engine process, the switch flipped between them.", ""]
+    if record["status"] != "ok":
+        lines += [f"FAILED: {record['error']}", ""]
+    elif not m.get("same_tokens"):
+        lines += ["**Different tokens**: the two sides (or one side's runs) did not decode the "
+                  "same tokens.", ""]
+    text = "\n".join(lines) + pairs_markdown(summarize_pairs([record]))
+    o = m.get("outside_model")
+    if o and o.get("ratio_median") is not None:
+        med = m["median_outside_model_ms"]
+        text += (f"\nOutside the model (scheduling, input preparation, sampling, output "
+                 f"handling): {a} {med[a]:.3f} ms, {b} {med[b]:.3f} ms a step; pairwise "
+                 f"{a} / {b} {o['ratio_median']:.3f}, {b} faster in {o['wins']}/"
+                 f"{o['wins'] + o['losses']} pairs (sign test p={o['sign_test_p']:.2g}).\n")
+    return text
+
+
+def write_run(ab: StepAB, record: dict, out: str | os.PathLike, run_id: str) -> Path:
+    """``<out>/<sweep name>/<run_id>/``: the record at ``pairs/<switch>.json`` and
+    ``summary.md``, each written atomically; returns the record's path."""
+    run_dir = Path(out) / ab.sweep.name / run_id
+    path = write_json_atomic(run_dir / "pairs" / f"{ab.switch}.json", record)
+    write_text_atomic(run_dir / "summary.md", summary_markdown(ab, record))
+    return path
+
+
+def measure(ab: StepAB) -> tuple[dict, dict]:
+    """Build the engine in this process and take the pairs: (measurements, what the record
+    adds: the model directory, the patch and kernel reports, what compiled_call replayed)."""
+    from omni_ray.engines.vllm import GREEDY
+    from omni_ray.workload.prompts import token_prompts
+
+    w = ab.arm.workload
+    llm, model = in_process_engine(ab.request())
+    import vllm_omni
+    from vllm_omni.patches import compiled_call
+
+    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    prompts = token_prompts(w.batch, w.prompt_len, vocab, seed=1)
+    sampling = dict(GREEDY, detokenize=w.detokenize)
+    timer = OutsideModel()
+
+    def step() -> tuple[float, float, list]:
+        t, ids = decode_step_ms(llm, prompts, w.output_len, sampling, timer)
+        return t, timer.step_ms(w.output_len - 1), ids
+
+    def watch() -> Callable[[], dict]:
+        return NeighbourLoad(os.getpid(), ab.cpus).stop
+
+    taken = take_pairs(flipper(ab.switch, sampling, llm), step, ab.sides, ab.pairs, w.warmup,
+                       watch)
+    return pair_measurements(ab.sides, taken, w.batch), {
+        "model_path": str(model), "patch_report": vllm_omni.patch_report(),
+        "kernels": vllm_omni.kernel_report(),
+        # what compiled_call did with the model ([] once the patch is removed)
+        "compiled_call": compiled_call.replays()}
+
+
+def run(ab: StepAB, out: str | os.PathLike = "results", command: str = "",
+        measure_fn: Callable[[StepAB], tuple[dict, dict]] | None = None) -> Path:
+    """Measure (``measure_fn``, default :func:`measure`: the engine in this process) and write
+    the run; returns the record's path. A run that fails while measuring is recorded too
+    (status failed, its error), then the error goes on; bad input is not a run."""
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    t0 = time.time()
+    try:
+        measurements, facts = (measure_fn or measure)(ab)
+    except user_error_types():  # bad input (a model that is not there): no record, one line
+        raise
+    except Exception as e:
+        write_run(ab, make_step_record(ab, {}, status="failed", error=f"{type(e).__name__}: {e}",
+                                       extra={"command": command, "run_id": run_id}),
+                  out, run_id)
+        raise
+    timing = {"started": t0, "ended": time.time()}
+    return write_run(ab, make_step_record(ab, measurements, extra={
+        "command": command, "run_id": run_id, "timing": timing, **facts}), out, run_id)
+
+
+def headline(record: dict) -> str:
+    """One line of the result, for the terminal."""
+    cfg, m = record["config"], record["measurements"]
+    a, b = cfg["baseline"]["side"], cfg["arm"]["side"]
+    med = m["median_step_ms"]
+    line = (f"{cfg['switch']}: {a} {med[a]:.2f} ms, {b} {med[b]:.2f} ms per step; pairwise "
+            f"{a}/{b} {m.get('ratio_median', float('nan')):.3f} ({m['wins']}/{m['pairs_used']} "
+            f"pairs {b} faster, sign test p={m['sign_test_p']:.2g})")
+    if "median_outside_model_ms" in m:
+        out, o = m["median_outside_model_ms"], m["outside_model"]
+        line += (f"; outside the model {out[a]:.3f} vs {out[b]:.3f} ms, pairwise "
+                 f"{o.get('ratio_median', float('nan')):.3f} ({o['wins']}/{o['pairs_used']})")
+    return line + f"; same tokens {m['same_tokens']}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("config", help="a one-arm sweep file (e.g. configs/step_ab.yaml)")
+    p.add_argument("--switch", choices=sorted(SWITCHES), required=True)
+    p.add_argument("--pairs", type=int, default=30)
+    p.add_argument("--out", default="results",
+                   help="results root: the run goes to <out>/<sweep name>/<UTC run id>/")
+    args = p.parse_args(argv)
+    try:
+        ab = load(args.config, args.switch, args.pairs)
+        command = " ".join([sys.executable, "-m", __spec__.name,
+                            *(sys.argv[1:] if argv is None else argv)])
+        path = run(ab, args.out, command)
+    except user_error_types() as e:  # bad input: one line, exit 2 (as the omni-ray command)
+        print(f"step_ab: error: {e}", file=sys.stderr)
+        return 2
+    print(f"{headline(read_json(path))}  -> {path}", flush=True)
+    # vLLM leaves non-daemon threads behind; the result is on disk
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
