@@ -797,6 +797,55 @@ def bench(gguf: str | os.PathLike, *, threads: int | Sequence[int],
     return [r.as_dict() for r in records]
 
 
+# ------------------------------------------------------------------------- the quality probe
+
+
+def probe_command(tool: str | os.PathLike, gguf: str | os.PathLike, ids_file: str | os.PathLike,
+                  *, tokens: int, threads: int, flash_attn: str) -> list[str]:
+    """``omni-logprobs``' argv: the probe's ids (a file of whitespace-separated ints) read
+    teacher-forced, then ``tokens`` greedy ids, with one thread count and flash-attention
+    setting."""
+    if tokens < 1 or threads < 1:
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: tokens and threads must be >= 1, "
+                        f"got tokens={tokens} threads={threads}")
+    if flash_attn not in FLASH_ATTN_VALUES:
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: flash_attn must be one of "
+                        f"{', '.join(FLASH_ATTN_VALUES)}, got {flash_attn!r}")
+    return [str(tool), "-m", str(gguf), "--ids", str(ids_file), "--tokens", str(tokens),
+            "-t", str(threads), "-fa", flash_attn]
+
+
+def parse_probe_output(text: str, *, n_ids: int, tokens: int, n_vocab: int | None = None
+                       ) -> tuple[list[float], list[int]]:
+    """``omni-logprobs``' JSON: (``n_ids - 1`` finite log-probabilities <= 0, ``tokens`` greedy
+    ids); ValueError naming what is wrong. ``n_vocab``, when given, must be the GGUF's
+    vocabulary (the probe's ids were drawn from it)."""
+    import math
+
+    try:
+        out = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(out, dict) or not {"logprobs", "greedy_ids", "n_vocab"} <= set(out):
+        raise ValueError("want an object with n_vocab, logprobs and greedy_ids")
+    if n_vocab is not None and out["n_vocab"] != n_vocab:
+        raise ValueError(f"the GGUF's vocabulary has {out['n_vocab']} ids, the model's "
+                         f"config {n_vocab}")
+    logprobs, greedy = out["logprobs"], out["greedy_ids"]
+    if len(logprobs) != n_ids - 1:
+        raise ValueError(f"{len(logprobs)} log-probabilities for {n_ids} ids "
+                         f"(want {n_ids - 1})")
+    if len(greedy) != tokens:
+        raise ValueError(f"{len(greedy)} greedy ids, want {tokens}")
+    bad = [v for v in logprobs if not (isinstance(v, (int, float)) and math.isfinite(v)
+                                       and v <= 0)]
+    if bad:
+        raise ValueError(f"log-probabilities must be finite and <= 0, got {bad[0]!r}")
+    if not all(isinstance(t, int) and 0 <= t for t in greedy):
+        raise ValueError(f"greedy ids must be ids >= 0, got {greedy}")
+    return [float(v) for v in logprobs], list(greedy)
+
+
 # ------------------------------------------------------------------------- GGUFs by content hash
 
 # GGUF types a sweep may ask for: the converter's 16/32-bit outtypes, and llama-quantize's types
