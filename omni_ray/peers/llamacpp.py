@@ -916,15 +916,15 @@ def ensure_gguf(hf_dir: str | os.PathLike, dtype: str = "bfloat16", qtype: str |
     return out
 
 
-def is_built(cache_dir: Path | None = None) -> bool:
-    """Whether ``ensure_built`` would return at once (both binaries, same flags, same CPU, the
-    current ``omni-logprobs``)."""
+def is_built(cache_dir: Path | None = None, *, tool: bool = True) -> bool:
+    """Whether ``ensure_built`` would return at once (both binaries, same flags, same CPU, and,
+    with ``tool``, the current ``omni-logprobs``)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     try:
         isa = envs.llamacpp_isa()
     except ValueError:
         return False
-    work = _work_dir(cache_dir)
+    work = _work_dir(cache_dir).resolve()  # as ensure_built: the flags name the real path
     name = _build_name(isa)
     record = work / f"{name}.json"
     if not record.is_file() or not all(os.access(work / name / "bin" / b, os.X_OK)
@@ -933,12 +933,15 @@ def is_built(cache_dir: Path | None = None) -> bool:
     info = json.loads(record.read_text())
     return (info.get("host_cpu") == host_cpu()
             and tuple(info.get("cmake_flags", ())) == _cmake_flags(work, isa)
-            and _tool_current(work / name / "bin" / LOGPROBS_TOOL, info))
+            and (not tool or _tool_current(work / name / "bin" / LOGPROBS_TOOL, info)))
 
 
 def ensure_built_announced(log) -> LlamaCpp:
     """``ensure_built`` with a progress line first when it is going to build."""
-    if not is_built():
+    if is_built(tool=False) and not is_built():
+        log(f"omni-ray: building {LOGPROBS_TOOL} against the cached llama.cpp {PYDIST_VERSION} "
+            "(seconds; llama.cpp itself is not rebuilt)")
+    elif not is_built():
         log(f"omni-ray: building llama.cpp {PYDIST_VERSION} once into "
             f"{_work_dir(default_cache_dir())} (~6 min on 2 cores; "
             "`omni-ray peers build llamacpp` does it ahead)")
@@ -1026,7 +1029,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="default: $OMNI_RAY_CACHE or ~/.cache/omni-ray")
     sub = p.add_subparsers(dest="verb", required=True)
-    sub.add_parser("build", help="install the pinned source and build llama-bench, llama-quantize")
+    sub.add_parser("build", help="install the pinned source and build llama-bench, "
+                                 "llama-quantize and omni-logprobs")
     c = sub.add_parser("convert", help="Hugging Face directory -> GGUF")
     c.add_argument("hf_dir", type=Path)
     c.add_argument("out_gguf", type=Path)

