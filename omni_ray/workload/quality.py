@@ -42,6 +42,18 @@ def ids_digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()[:16]
 
 
+def vocab_size_of(model_path: str) -> int:
+    """The vocabulary size the probe's ids are drawn from, from the checkpoint's config.json
+    (``text_config``'s for a multimodal one): what vLLM's and transformers' configs give, for an
+    engine that reads a converted file (a GGUF) instead."""
+    with open(os.path.join(model_path, "config.json")) as fh:
+        config = json.load(fh)
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"{model_path}/config.json: no vocab_size")
+    return size
+
+
 def source_of(model_path: str) -> str:
     """The bf16 checkpoint these weights come from: a converted checkpoint's recorded source
     (``omni_quantize.json``), else the directory itself (resolved)."""

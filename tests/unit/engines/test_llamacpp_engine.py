@@ -43,6 +43,20 @@ open({argv_log!r}, "a").write(json.dumps(args) + "\\n")
 print(json.dumps(rows))
 """
 
+# Answers like omni-logprobs: reads the ids file, gives each id i+1 the log-probability
+# -(7 + shift) - id/1e5 (shift: $FAKE_SHIFT, 0 if unset) and greedy id 1132 throughout.
+FAKE_PROBE = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+ids = [int(t) for t in open(value("--ids")).read().split()]
+shift = float(os.environ.get("FAKE_SHIFT", "0"))
+open({argv_log!r}, "a").write(json.dumps(args) + "\\n")
+print(json.dumps({{"n_vocab": 2048, "logprobs": [-(7 + shift) - t / 1e5 for t in ids[1:]],
+                  "greedy_ids": [1132] * int(value("--tokens"))}}))
+"""
+
+
 class Sampler:
     def __init__(self) -> None:
         self.marks: list[str] = []
@@ -63,8 +77,14 @@ def engine(tmp_path):
     bench.chmod(bench.stat().st_mode | stat.S_IEXEC)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"\0" * 4096)
+    probe = tmp_path / "omni-logprobs"
+    probe.write_text(FAKE_PROBE.format(python=sys.executable,
+                                       argv_log=str(tmp_path / "probe-argv.jsonl")))
+    probe.chmod(probe.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "config.json").write_text('{"vocab_size": 2048}')
     eng = load_engine("llamacpp")()
-    eng.llama = types.SimpleNamespace(llama_bench=bench, as_dict=lambda: {"version": "x"})
+    eng.llama = types.SimpleNamespace(llama_bench=bench, omni_logprobs=probe,
+                                      as_dict=lambda: {"version": "x"})
     eng.gguf = gguf
     return eng, argv_log
 
@@ -154,3 +174,59 @@ def test_gguf_cache_key_follows_the_content(tmp_path, monkeypatch):
     other_source = types.SimpleNamespace(source_digest="s2")
     assert llamacpp.gguf_path(model, "bfloat16", "Q4_0", other_source).parent != \
         llamacpp.gguf_path(model, "bfloat16", "Q4_0", llama).parent
+
+
+def _quality_run(engine, tmp_path, quantization):
+    eng, _ = engine
+    req = EngineRequest(stage=StageConfig(model="tiny", engine="llamacpp",
+                                          quantization=quantization),
+                        workload=WorkloadConfig(prompt_len=64, output_len=8, repeats=3, warmup=0,
+                                                detokenize=False,
+                                                quality={"tokens": 4, "sequence_len": 16}),
+                        cpus=(0, 1))
+    session = Session(req, str(tmp_path), Sampler(), lambda: None)
+    return eng.run(session), session
+
+
+def test_quality_probe_runs_after_the_speed_with_the_decode_setting(engine, tmp_path):
+    from omni_ray.workload.quality import ids_digest, probe_ids
+
+    m, session = _quality_run(engine, tmp_path, "Q4_0")
+    assert session.sampler.marks[-2:] == ["quality_start", "quality_end"]  # after decode
+    (argv,) = [json.loads(line) for line in (tmp_path / "probe-argv.jsonl").read_text()
+               .splitlines()]
+    # the decode run's winner (-fa off -t 2), on the arm's GGUF
+    assert (argv[argv.index("-t") + 1], argv[argv.index("-fa") + 1]) == ("2", "off")
+    assert argv[argv.index("-m") + 1] == str(engine[0].gguf)
+    assert argv[argv.index("--tokens") + 1] == "4"
+    ids = probe_ids(2048, 16)  # drawn from config.json's vocab_size, as vLLM's arms draw them
+    assert m["quality_ids_digest"] == ids_digest(ids) and m["quality_sequence_len"] == 16
+    assert m["quality_logprobs"] == pytest.approx([-7 - t / 1e5 for t in ids[1:]])
+    assert m["quality_greedy_ids"] == [1132] * 4
+    assert m["quality_weights"] == "Q4_0"  # the GGUF's type: paired with the bf16 GGUF
+    assert m["quality_source"] == str(tmp_path.resolve())
+    assert len(m["engine_pids"]) == 3  # prefill, decode, the probe
+    assert engine[0].runs[-1]["setting_label"] == "-fa off -t 2"
+
+
+def test_a_q4_0_arm_pairs_with_the_bf16_gguf(engine, tmp_path, monkeypatch):
+    from omni_ray.results.quality import pair
+
+    bf16, _ = _quality_run(engine, tmp_path, None)
+    monkeypatch.setenv("FAKE_SHIFT", "0.5")
+    q4, _ = _quality_run(engine, tmp_path, "Q4_0")
+    records = [{"arm": {"id": arm}, "status": "ok", "pass": 0, "measurements": m,
+                "config": {"stage": {"engine": "llamacpp", "quantization": q}}}
+               for arm, m, q in (("bf16", bf16, None), ("q4", q4, "Q4_0"))]
+    (row,) = pair(records)
+    assert (row["arm"], row["baseline"]) == ("q4", "bf16")
+    assert row["mean_abs_dlogprob"] == pytest.approx(0.5)
+    assert row["greedy_agreement"] == 1.0
+
+
+def test_a_failing_probe_raises_with_its_stderr(engine, tmp_path):
+    eng, _ = engine
+    eng.llama.omni_logprobs.write_text(
+        "#!/bin/sh\necho 'omni-logprobs: error: token id 4000 is outside' >&2\nexit 2\n")
+    with pytest.raises(RuntimeError, match=r"omni-logprobs quality exited with 2: .*outside"):
+        _quality_run(engine, tmp_path, None)

