@@ -280,7 +280,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
     def _checked_loader(self, st: _LayerState, tensor: str, inner, done=None):
         """``inner`` with the checkpoint's shape and dtype checked first; ``done()`` once every
-        shard of ``tensor`` is loaded."""
+        shard of ``tensor`` is loaded, or ``done(loaded_weight)`` instead of ``inner`` when one
+        call brings the whole weight as the parameter holds it (packed from the checkpoint's
+        tensor, which safetensors maps from the file: the bf16 parameter is never written)."""
         def load(param, loaded_weight, *args, **kwargs):
             shard = args[0] if args else kwargs.get("loaded_shard_id")
             if shard is None:
@@ -294,13 +296,20 @@ class CpuInt4LinearMethod(LinearMethodBase):
                 raise OmniInputError(f"{where}: {tensor} has shape {tuple(loaded_weight.shape)},"
                                      f" cpu_int4 with group_size={self.config.group_size} "
                                      f"expects {tuple(shape)}")
-            inner(param, loaded_weight, *args, **kwargs)
+            whole = (done is not None and shard is None and not args and not kwargs
+                     and loaded_weight.dtype == param.dtype
+                     and tuple(loaded_weight.shape) == tuple(param.shape))
+            if whole:  # packed straight from the checkpoint's (mapped) tensor: no bf16 copy
+                done(loaded_weight)
+            else:
+                inner(param, loaded_weight, *args, **kwargs)
             covered = shard if isinstance(shard, tuple) else (shard,)
             if covered == (None,):
                 covered = st.shards
             for s in covered:
                 st.loaded.add((tensor, s))
-            if done is not None and all((tensor, s) in st.loaded for s in st.shards):
+            if done is not None and not whole and all((tensor, s) in st.loaded
+                                                      for s in st.shards):
                 done()
         return load
 
@@ -337,12 +346,15 @@ class CpuInt4LinearMethod(LinearMethodBase):
         else:  # the loader packs each weight as its last shard comes in; this one it did not
             self._quantize_loaded(layer)
 
-    def _quantize_loaded(self, layer: torch.nn.Module) -> None:
-        """A bf16 weight, fully loaded, to the packed layout; its pages freed at once."""
+    def _quantize_loaded(self, layer: torch.nn.Module, source: torch.Tensor | None = None
+                         ) -> None:
+        """A bf16 weight, fully loaded (or ``source``, the whole of it as the checkpoint holds
+        it), to the packed layout; the bf16 parameter's pages freed at once."""
         st: _LayerState = layer.cpu_int4
         if st.processed:
             return
-        packed, sz = int4_pack.quantize_and_pack(layer.weight.data, self.config.group_size,
+        w = layer.weight.data if source is None else source
+        packed, sz = int4_pack.quantize_and_pack(w, self.config.group_size,
                                                  empty=weight_arena.empty)
         self._replace(layer, packed, sz)
 

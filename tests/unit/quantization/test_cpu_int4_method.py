@@ -211,3 +211,38 @@ def test_at_load_missing_shard_is_named_after_loading():
         layer.weight.weight_loader(layer.weight, torch.randn(rows, H).bfloat16(), shard)
     with pytest.raises(OmniInputError, match=r"k_proj: weight is missing"):
         method.process_weights_after_loading(layer)
+
+
+class FakeRowLinear(torch.nn.Module):
+    """What the method reads from a one-tensor layer (o_proj, down_proj)."""
+
+    def __init__(self, prefix):
+        super().__init__()
+        self.prefix, self.input_size, self.output_size = prefix, H, 384
+
+
+def test_at_load_a_whole_weight_is_packed_from_the_checkpoint_tensor_itself():
+    config = cpu_int4.CpuInt4Config(group_size=128)
+    layer = FakeRowLinear("model.layers.0.self_attn.o_proj")
+    method = cpu_int4.CpuInt4LinearMethod(config, layer.prefix)
+    copies = []
+    method.create_weights(layer, H, [384], H, 384, torch.bfloat16,
+                          weight_loader=lambda p, w: copies.append(p.data.copy_(w)))
+    bf16 = layer.weight
+    w = torch.randn(384, H).bfloat16()
+    bf16.weight_loader(bf16, w)
+    assert copies == []  # the bf16 parameter was never written
+    assert {n for n, _ in layer.named_parameters()} == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
+    assert bf16.numel() == 0
+    method.process_weights_after_loading(layer)
+    x = torch.randn(2, H).bfloat16()
+    expect = x.float() @ grid.dequantize(grid.quantize(w, 128)).float().T
+    torch.testing.assert_close(method.apply(layer, x).float(), expect, atol=0.1, rtol=0.02)
+
+    # A float32 checkpoint tensor goes through the parameter (rounded to bf16 first).
+    layer = FakeRowLinear("model.layers.0.self_attn.o_proj")
+    method = cpu_int4.CpuInt4LinearMethod(config, layer.prefix)
+    method.create_weights(layer, H, [384], H, 384, torch.bfloat16,
+                          weight_loader=lambda p, w: copies.append(p.data.copy_(w)))
+    layer.weight.weight_loader(layer.weight, w.float())
+    assert len(copies) == 1 and cpu_int4.PACK in dict(layer.named_parameters())
