@@ -184,12 +184,12 @@ def chunk_rows(k: int, chunk_bytes: int = REPACK_CHUNK_BYTES) -> int:
 
 def repack(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
            chunk_bytes: int = REPACK_CHUNK_BYTES,
-           empty=None) -> tuple[torch.Tensor, torch.Tensor]:
+           empty=None, after_chunk=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Checkpoint format -> (the layout uint8 [N, K/2], scales_and_zeros bf16 [G, N, 2]).
 
     Works in row chunks of whole blocks so only one chunk of codes exists at a time.
     ``empty(shape, dtype)`` allocates the two results (cpu_int4 passes weight_arena's;
-    default: torch's allocator).
+    default: torch's allocator); ``after_chunk`` as in :func:`quantize_and_pack`.
     """
     n, half_k = weight_packed.shape
     k = half_k * 2
@@ -197,6 +197,8 @@ def repack(weight_packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     step = chunk_rows(k, chunk_bytes)
     for r in range(0, n, step):
         out[r:r + step] = pack(grid.unpack_nibbles(weight_packed[r:r + step]))
+        if after_chunk is not None:  # as in quantize_and_pack
+            after_chunk()
     return out, _placed(scales_and_zeros(scale, zero), empty)
 
 
@@ -215,9 +217,10 @@ def _placed(t: torch.Tensor, empty) -> torch.Tensor:
 
 def quantize_and_pack(w: torch.Tensor, group_size: int,
                       chunk_bytes: int = QUANTIZE_CHUNK_BYTES,
-                      empty=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      empty=None, after_chunk=None) -> tuple[torch.Tensor, torch.Tensor]:
     """A bf16 weight [N, K] straight to the layout (quantize at load), in row chunks;
-    ``empty`` as in :func:`repack`."""
+    ``empty`` as in :func:`repack`; ``after_chunk()``, if given, runs after each chunk (the
+    engine returns the chunk's freed temporaries to the kernel there)."""
     n, k = w.shape
     out = _empty(empty, (n, k // 2), torch.uint8)
     scales, zeros = [], []
@@ -227,4 +230,7 @@ def quantize_and_pack(w: torch.Tensor, group_size: int,
         out[r:r + step] = pack(codes)
         scales.append(s)
         zeros.append(z)
+        del codes
+        if after_chunk is not None:
+            after_chunk()
     return out, _placed(scales_and_zeros(torch.cat(scales), torch.cat(zeros)), empty)

@@ -150,3 +150,29 @@ def own_mapping(shape, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(m, dtype=torch.uint8).view(dtype).view(shape)
+
+
+_LIBC_TRIM = None
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the kernel (glibc's ``malloc_trim(0)``, every
+    arena); False where there is no such call (another libc).
+
+    Why: quantizing at load makes fp32 temporaries of a few MiB per chunk, some in OpenMP worker
+    threads; glibc keeps what they free in its heaps (under its mmap threshold, and in each
+    thread's arena), so a 593 MiB embedding packed in 8 MiB chunks left ~1 GiB resident
+    (``omni_ray``'s RssAnon) until something reused it, and ~1 GiB more at its peak. Called
+    after each chunk quantized at load."""
+    global _LIBC_TRIM
+    if _LIBC_TRIM is None:
+        try:
+            import ctypes
+
+            _LIBC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _LIBC_TRIM = False
+    if _LIBC_TRIM is False:
+        return False
+    _LIBC_TRIM(0)
+    return True

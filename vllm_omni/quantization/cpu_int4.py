@@ -248,25 +248,27 @@ class CpuInt4LinearMethod(LinearMethodBase):
             layer.register_parameter(name, param)
             st.tensor_names += (name,)
 
+        # Each weight is packed as soon as all its tensors and shards are in, and the pages of
+        # its checkpoint layout unmapped (they sit on mappings of their own: torch.empty takes
+        # a small tensor from the C heap, whose freed pages stay resident), so neither the
+        # whole bf16 model (quantized at load) nor the whole checkpoint layout is ever resident
+        # beside the packed weights; untouched pages are not resident either.
+        done = None if dense else functools.partial(self._pack_loaded, layer)
+        place = weight_arena.own_mapping if not dense else \
+            (lambda shape, dtype: torch.empty(shape, dtype=dtype))
         if dense or not cfg.checkpoint_quantized:
-            # Quantized at load: each weight is packed as soon as all its shards are in, and
-            # its bf16 pages unmapped, so the whole bf16 model is never resident (the loader
-            # fills one checkpoint tensor at a time; untouched pages are not resident).
-            done = None if dense else functools.partial(self._quantize_loaded, layer)
-            data = torch.empty(n, k, dtype=params_dtype) if dense else \
-                weight_arena.own_mapping((n, k), params_dtype)
             add("weight", ModelWeightParameter(
-                data=data, input_dim=1, output_dim=0,
+                data=place((n, k), params_dtype), input_dim=1, output_dim=0,
                 weight_loader=self._checked_loader(st, "weight", loader, done)))
             return
         add(grid.PACKED, PackedvLLMParameter(
-            data=torch.empty(n, k // 2, dtype=torch.uint8), input_dim=1, output_dim=0,
+            data=place((n, k // 2), torch.uint8), input_dim=1, output_dim=0,
             packed_dim=1, packed_factor=2,
-            weight_loader=self._checked_loader(st, grid.PACKED, loader)))
+            weight_loader=self._checked_loader(st, grid.PACKED, loader, done)))
         for name in (grid.SCALE, grid.ZERO):
             add(name, GroupQuantScaleParameter(
-                data=torch.empty(n, k // g, dtype=torch.bfloat16), input_dim=1, output_dim=0,
-                weight_loader=self._checked_loader(st, name, loader)))
+                data=place((n, k // g), torch.bfloat16), input_dim=1, output_dim=0,
+                weight_loader=self._checked_loader(st, name, loader, done)))
 
     def _expected(self, st: _LayerState, tensor: str, shard) -> tuple[tuple[int, int],
                                                                        torch.dtype]:
@@ -296,7 +298,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
                 raise OmniInputError(f"{where}: {tensor} has shape {tuple(loaded_weight.shape)},"
                                      f" cpu_int4 with group_size={self.config.group_size} "
                                      f"expects {tuple(shape)}")
-            whole = (done is not None and shard is None and not args and not kwargs
+            whole = (tensor == "weight" and done is not None and shard is None
+                     and not args and not kwargs
                      and loaded_weight.dtype == param.dtype
                      and tuple(loaded_weight.shape) == tuple(param.shape))
             if whole:  # packed straight from the checkpoint's (mapped) tensor: no bf16 copy
@@ -308,7 +311,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
                 covered = st.shards
             for s in covered:
                 st.loaded.add((tensor, s))
-            if done is not None and not whole and all((tensor, s) in st.loaded
+            if done is not None and not whole and all((t, s) in st.loaded
+                                                      for t in st.tensor_names
                                                       for s in st.shards):
                 done()
         return load
@@ -338,24 +342,26 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if st.dense:
             st.processed = True
             return
-        # The packed tensors go to huge-page mappings: a decode step streams them all.
-        if self.config.checkpoint_quantized:
-            packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
-                                          layer.weight_zero.data, empty=weight_arena.empty)
-            self._replace(layer, packed, sz)
-        else:  # the loader packs each weight as its last shard comes in; this one it did not
-            self._quantize_loaded(layer)
+        self._pack_loaded(layer)  # the loader packs each weight once loaded; not this one
 
-    def _quantize_loaded(self, layer: torch.nn.Module, source: torch.Tensor | None = None
-                         ) -> None:
-        """A bf16 weight, fully loaded (or ``source``, the whole of it as the checkpoint holds
-        it), to the packed layout; the bf16 parameter's pages freed at once."""
+    def _pack_loaded(self, layer: torch.nn.Module, source: torch.Tensor | None = None) -> None:
+        """A loaded weight to the packed layout, its checkpoint layout freed at once: the
+        checkpoint's packed tensors repacked, or a bf16 weight (or ``source``, the whole of it
+        as the checkpoint holds it) quantized. The packed tensors go to huge-page mappings: a
+        decode step streams them all. ``trim_heap``: the chunks' temporaries, once freed, leave
+        glibc's heaps."""
         st: _LayerState = layer.cpu_int4
         if st.processed:
             return
-        w = layer.weight.data if source is None else source
-        packed, sz = int4_pack.quantize_and_pack(w, self.config.group_size,
-                                                 empty=weight_arena.empty)
+        if self.config.checkpoint_quantized:
+            packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
+                                          layer.weight_zero.data, empty=weight_arena.empty,
+                                          after_chunk=weight_arena.trim_heap)
+        else:
+            w = layer.weight.data if source is None else source
+            packed, sz = int4_pack.quantize_and_pack(w, self.config.group_size,
+                                                     empty=weight_arena.empty,
+                                                     after_chunk=weight_arena.trim_heap)
         self._replace(layer, packed, sz)
 
     @staticmethod

@@ -64,7 +64,11 @@ def _load(layer, shard, rows, drop=(), **override):
 def test_qkv_loads_repacks_and_frees_checkpoint_tensors():
     layer, method = _qkv()
     for shard, rows in (("q", 256), ("k", 128), ("v", 128)):
+        assert cpu_int4.PACK not in dict(layer.named_parameters())
         _load(layer, shard, rows)
+    # Repacked as the last tensor of the last shard came in, before vLLM's call after loading.
+    names = {n for n, _ in layer.named_parameters()}
+    assert names == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
     method.process_weights_after_loading(layer)
     names = {n for n, _ in layer.named_parameters()}
     assert names == {cpu_int4.PACK, cpu_int4.SCALES_ZEROS}
@@ -246,3 +250,18 @@ def test_at_load_a_whole_weight_is_packed_from_the_checkpoint_tensor_itself():
                           weight_loader=lambda p, w: copies.append(p.data.copy_(w)))
     layer.weight.weight_loader(layer.weight, w.float())
     assert len(copies) == 1 and cpu_int4.PACK in dict(layer.named_parameters())
+
+
+def test_at_load_a_layer_int4_cannot_take_stays_bf16_and_computes():
+    config = cpu_int4.CpuInt4Config(group_size=128)
+    layer = FakeRowLinear("model.layers.0.self_attn.o_proj")
+    layer.input_size = 200  # not a multiple of the group
+    method = cpu_int4.CpuInt4LinearMethod(config, layer.prefix)
+    method.create_weights(layer, 200, [384], 200, 384, torch.bfloat16,
+                          weight_loader=lambda p, w: p.data.copy_(w))
+    w = torch.randn(384, 200).bfloat16()
+    layer.weight.weight_loader(layer.weight, w)
+    method.process_weights_after_loading(layer)
+    assert layer.cpu_int4.dense and torch.equal(layer.weight, w)
+    x = torch.randn(2, 200).bfloat16()
+    torch.testing.assert_close(method.apply(layer, x), torch.nn.functional.linear(x, w))
