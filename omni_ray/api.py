@@ -85,6 +85,7 @@ def _records_in(out_dir: Path) -> list[dict]:
 
 
 def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dict:
+    from omni_ray.config.grid import baselines
     from omni_ray.results import quality
     from omni_ray.results.pairs import pairs_markdown, summarize_pairs
     from omni_ray.results.store import read_json, write_json_atomic, write_text_atomic
@@ -98,8 +99,10 @@ def write_summary(sweep: SweepConfig, arms: Iterable[Arm], out_dir: Path) -> dic
         metrics = (*metrics, *QUALITY_METRICS)
     summary = summarize_arms(records, list(metrics), noise_pct=sweep.noise.spread_pct)
     summary["sweep"] = sweep.name
+    arms = list(arms)
     summary["labels"] = {a.id: a.label for a in arms}
-    summary["baseline"] = sweep.baseline  # the report's ratio column divides by this arm
+    summary["baseline"] = sweep.baseline  # one arm's label, or axis=value pairs (grid.baselines)
+    summary["baselines"] = baselines(sweep, arms)  # arm label -> the label it is divided by
     serving = summarize_serving(records)
     if serving:
         summary["serving"] = serving

@@ -141,3 +141,49 @@ def expand(sweep: SweepConfig) -> list[Arm]:
             replicas=setting.get("replicas", sweep.placement.replicas),
             timeout_s=sweep.timeout_s, stages=tuple(stages)))
     return arms
+
+
+def label_pairs(label: str) -> dict[str, str]:
+    """``"prompt_len=128,engine=vllm"`` -> ``{"prompt_len": "128", "engine": "vllm"}``
+    (``"base"``, no axes: ``{}``); label values hold no ',' or '=' (``label_value``)."""
+    if label == "base":
+        return {}
+    return dict(p.split("=", 1) for p in label.split(",") if "=" in p)
+
+
+def baselines(sweep: SweepConfig, arms: list[Arm] | None = None) -> dict[str, str]:
+    """Each arm's baseline (arm label -> baseline arm label) under ``sweep.baseline``; {} without
+    one. ``baseline`` is either one arm's whole label (every arm against that arm) or values of
+    some axes, ``engine=llamacpp,quantization=Q4_0``: then each arm is divided by the arm that
+    has those values and the arm's own value on every matrix axis the baseline does not name
+    (prompt_len=512 against the baseline at 512). ValueError says what does not fit."""
+    spec = sweep.baseline
+    if not spec:
+        return {}
+    arms = expand(sweep) if arms is None else arms
+    labels = [a.label for a in arms]
+    if spec in labels:
+        return {label: spec for label in labels}
+    want = label_pairs(spec)
+    axes = {k for label in labels for k in label_pairs(label)}
+    if not want or any(k not in axes for k in want):
+        unknown = sorted(set(want) - axes) if want else []
+        raise ValueError(("not an axis of this sweep: " + ", ".join(unknown) + "; "
+                          if unknown else "")
+                         + "must be the label of one arm or axis=value pairs of its axes ("
+                         + ", ".join(sorted(axes)) + ")")
+    candidates = [p for p in map(label_pairs, labels) if all(p.get(k) == v
+                                                             for k, v in want.items())]
+    if not candidates:
+        raise ValueError(f"no arm has {spec} (arms: {', '.join(labels)})")
+    free = [k for k in sweep.matrix if k not in want]
+    out = {}
+    for label in labels:
+        own = label_pairs(label)
+        found = [c for c in candidates if all(c.get(k) == own.get(k) for k in free)]
+        if len(found) > 1:
+            at = ",".join(f"{k}={own.get(k)}" for k in free) or "every point"
+            raise ValueError(f"{len(found)} arms have {spec} at {at}: name more axes")
+        if found:
+            out[label] = next(lb for lb in labels if label_pairs(lb) == found[0])
+    return out

@@ -9,7 +9,7 @@ from typing import Any
 from omni_ray.config import fields as f
 from omni_ray.config.document import Document, expand_includes, read_document
 from omni_ray.config.fields import Origin, Where, thaw
-from omni_ray.config.grid import Arm, expand
+from omni_ray.config.grid import Arm, baselines, expand
 from omni_ray.config.schema import (
     COMPARE_FIELDS, NOISE_FIELDS, PIPELINE_STAGE_FIELDS, PLACEMENT_FIELDS, STAGE_AXIS,
     STAGE_FIELDS, STAGE_PLACEMENT_FIELDS, STAGE_REQUIRED, WORKLOAD_FIELDS, CompareConfig,
@@ -85,7 +85,8 @@ def _build(doc: Document, where: Where) -> SweepConfig:
 
     if "baseline" in data:
         if not isinstance(data["baseline"], str) or not data["baseline"]:
-            raise (where / "baseline").error("must be the label of one arm", data["baseline"])
+            raise (where / "baseline").error(
+                "must be the label of one arm or axis=value pairs", data["baseline"])
         scalars["baseline"] = data["baseline"]
 
     if "compare" in data:
@@ -180,9 +181,10 @@ def _check_compare(compare, arms: list[Arm], where: Where) -> None:
 def _check_arms(sweep: SweepConfig, where: Where) -> None:
     """Limits that span fields: found here, not after minutes of engine start-up."""
     arms = expand(sweep)
-    if sweep.baseline is not None and sweep.baseline not in {a.label for a in arms}:
-        raise (where / "baseline").error(
-            f"must be the label of one arm ({', '.join(a.label for a in arms)})", sweep.baseline)
+    try:
+        baselines(sweep, arms)
+    except ValueError as exc:
+        raise (where / "baseline").error(str(exc), sweep.baseline) from None
     if sweep.compare is not None:
         _check_compare(sweep.compare, arms, where / "compare")
     for arm in arms:

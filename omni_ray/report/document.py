@@ -69,7 +69,7 @@ def _table_html(t: table.Table) -> str:
     for row in t.rows:
         name = table.row_name(row, t.several)
         badges = [_badge(f) for f in row.flags]
-        if t.baseline.get(row.run.name) == row.arm.label:
+        if row.is_baseline:
             badges.insert(0, '<span class="badge baseline">baseline</span>')
         label = _e(name).replace(",", ",<wbr>")  # a long label breaks between its axes
         cells = [f'<td class="l" title="{_e(row.arm.id)}">{label}</td>',

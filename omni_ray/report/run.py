@@ -94,7 +94,8 @@ class Run:
     arms: tuple[ArmResult, ...]      # matrix order
     skipped: tuple[Skipped, ...]
     noise_pct: float = 8.0
-    baseline: str | None = None      # the arm label the sweep names as its baseline, if any
+    baseline: str | None = None      # the sweep's baseline: an arm label or axis=value pairs
+    baselines: dict = dataclasses.field(default_factory=dict)  # arm label -> its baseline's
 
     @property
     def name(self) -> str:
@@ -280,22 +281,25 @@ def _assemble(path: Path, records: list[tuple[Path, dict]], skipped: list[Skippe
     sweep = str(first["arm"].get("sweep") or first.get("config", {}).get("sweep")
                 or path.parent.name)
     run_id = str(first.get("run_id") or (path.name if path.is_dir() else path.parent.name))
-    noise, baseline = _from_summary(path)
+    noise, baseline, bases = _from_summary(path)
     return Run(path=path, sweep=sweep, run_id=run_id, arms=tuple(arms), skipped=tuple(skipped),
-               noise_pct=noise, baseline=baseline)
+               noise_pct=noise, baseline=baseline, baselines=bases)
 
 
-def _from_summary(path: Path) -> tuple[float, str | None]:
-    """The sweep's noise threshold (8 % without one) and baseline arm label (None), from the
-    summary.json the sweep wrote beside its records."""
+def _from_summary(path: Path) -> tuple[float, str | None, dict]:
+    """The sweep's noise threshold (8 % without one), its baseline (None) and each arm's
+    baseline arm label ({}: a summary from before per-arm baselines names one arm for all),
+    from the summary.json the sweep wrote beside its records."""
     summary = (path if path.is_dir() else path.parent) / "summary.json"
     try:
         data = read_json(summary)
     except UserError:
-        return 8.0, None
+        return 8.0, None, {}
     if not isinstance(data, dict):
-        return 8.0, None
+        return 8.0, None, {}
     noise = data.get("noise_pct")
     baseline = data.get("baseline")
+    bases = data.get("baselines")
     return (float(noise) if _number(noise) is not None else 8.0,
-            baseline if isinstance(baseline, str) and baseline else None)
+            baseline if isinstance(baseline, str) and baseline else None,
+            {str(k): str(v) for k, v in bases.items()} if isinstance(bases, dict) else {})

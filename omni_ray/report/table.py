@@ -23,13 +23,15 @@ class Row:
     arm: ArmResult
     flags: tuple[str, ...]
     ratio: float | None           # headline median / baseline's headline median
+    base: ArmResult | None = None  # the arm this row is divided by
+    is_baseline: bool = False     # some row of its run is divided by this arm
 
 
 @dataclasses.dataclass(frozen=True)
 class Table:
     metrics: tuple[Metric, ...]
     rows: tuple[Row, ...]
-    baseline: dict                # run name -> baseline arm label (only runs that have one)
+    baseline: dict                # run name -> its baseline: an arm label, or axis=value pairs
     several: bool                 # more than one run: rows name their run
 
 
@@ -75,16 +77,36 @@ def build(runs: list[Run], baseline: str | None = None) -> Table:
     metrics.sort(key=lambda m: list(BY_NAME).index(m.name))
     rows, named = [], {}
     for run in runs:
-        base = (baseline_arm(run, baseline) if baseline
-                else baseline_arm(run, run.baseline, asked=False))
-        if base is not None:
-            named[run.name] = base.label
+        bases = _bases(run, baseline)
+        if bases:
+            named[run.name] = baseline or run.baseline
+        is_base = {b.label for b in bases.values() if b is not None}
         for arm in run.arms:
+            base = bases.get(arm.label)
             r = ratio(arm.stats.get(HEADLINE), base.stats.get(HEADLINE)) if base else None
-            rows.append(Row(run, arm, tuple(arm.flags(run.noise_pct)), r))
+            rows.append(Row(run, arm, tuple(arm.flags(run.noise_pct)), r, base,
+                            arm.label in is_base))
     if baseline and not named:
         raise UserError(f"--baseline {baseline!r}: no run has an arm with that label or id")
     return Table(tuple(metrics), tuple(rows), named, len(runs) > 1)
+
+
+def _bases(run: Run, baseline: str | None) -> dict[str, ArmResult | None]:
+    """arm label -> the arm it is divided by: the one asked for (``--baseline``), else the
+    sweep's per-arm baselines (summary.json ``baselines``), else the sweep's one baseline arm;
+    {} without any. A retracted baseline the sweep named divides nothing."""
+    if baseline:
+        base = baseline_arm(run, baseline)
+        return {a.label: base for a in run.arms} if base else {}
+    if run.baselines:
+        out = {}
+        for label, base_label in run.baselines.items():
+            base = baseline_arm(run, base_label, asked=False)
+            if base is not None:
+                out[label] = base
+        return out
+    base = baseline_arm(run, run.baseline, asked=False)
+    return {a.label: base for a in run.arms} if base else {}
 
 
 def row_name(row: Row, several: bool) -> str:
@@ -99,7 +121,7 @@ def to_markdown(table: Table) -> str:
     for row in table.rows:
         struck = row.arm.is_retracted
         name = row_name(row, table.several)
-        if table.baseline.get(row.run.name) == row.arm.label:
+        if row.is_baseline:
             name += " (baseline)"
         cells = [name, str(len(row.arm.measured))]
         if ratio_col:
@@ -132,7 +154,7 @@ def to_csv(table: Table) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(_CSV)
     for row in table.rows:
-        base = _base_arm(table, row.run)
+        base = row.base
         for m in table.metrics:
             s = row.arm.stats.get(m.name)
             r = ratio(s, base.stats.get(m.name)) if base else None
@@ -144,21 +166,18 @@ def to_csv(table: Table) -> str:
     return buf.getvalue()
 
 
-def _base_arm(table: Table, run: Run) -> ArmResult | None:
-    label = table.baseline.get(run.name)
-    return run.arm(label) if label else None
 
 
 def to_json(table: Table) -> str:
     out = []
     for row in table.rows:
-        base = _base_arm(table, row.run)
+        base = row.base
         out.append({
             "run": row.run.name, "path": str(row.run.path), "arm": row.arm.label,
             "arm_id": row.arm.id, "index": row.arm.index, "passes": len(row.arm.measured),
             "failed": len(row.arm.failed), "flags": list(row.flags),
             "retracted": row.arm.is_retracted, "retraction": row.arm.retraction,
-            "baseline": table.baseline.get(row.run.name),
+            "baseline": row.base.label if row.base else None,
             "metrics": {m.name: {**row.arm.stats[m.name].to_dict(), "unit": m.unit,
                                  "ratio_to_baseline": ratio(row.arm.stats[m.name],
                                                             base.stats.get(m.name))

@@ -133,6 +133,8 @@ def summarize_arms(records: list[dict], metrics: list[str], *,
         entry = arms.setdefault(arm_id, {"n_records": 0, "n_failed": 0, "n_retracted": 0,
                                          "contended": False, "errors": []})
         values.setdefault(arm_id, {m: [] for m in metrics})
+        if arm.get("label") is not None:
+            entry.setdefault("label", str(arm["label"]))
         entry["n_records"] += 1
         if rec.get("retracted"):
             entry["n_retracted"] += 1
@@ -358,9 +360,53 @@ def to_markdown(summary: dict) -> str:
                                                       sorted(counts.items(), key=lambda c: -c[1]))
                              for figure, counts in figures.items())
             out += f"- {labels.get(arm_id, arm_id)} ({arm_id}): {text}\n"
+    out += baseline_markdown(summary)
     if summary["notes"]:
         out += "\n" + "\n".join(f"- {n['note']}" for n in summary["notes"]) + "\n"
     return out
+
+
+# What the baseline table divides, where the sweep measured it: speed, then memory settled.
+BASELINE_METRICS = ("decode_tok_s", "prefill_tok_s", "tpot_ms", "rss_anon_tree_mb",
+                    "peak_rss_anon_during_load_mb")
+
+
+def baseline_markdown(summary: dict) -> str:
+    """Each arm's medians over its baseline's (``baselines``: arm label -> baseline label, from
+    the sweep's ``baseline:``), one column per metric both measured; ``*`` where either median
+    is NOISY or a single pass: a ratio that is not a ranking."""
+    bases = summary.get("baselines") or {}
+    labels = summary.get("labels") or {}
+    by_label = {e.get("label") or labels.get(arm_id, arm_id): e
+                for arm_id, e in summary["arms"].items()}
+    rows = [(label, base) for label, base in bases.items()
+            if label in by_label and base in by_label]
+    metrics = [m for m in BASELINE_METRICS
+               if any((by_label[a]["metrics"].get(m) or {}).get("median") is not None
+                      and (by_label[b]["metrics"].get(m) or {}).get("median")
+                      for a, b in rows)]
+    if not rows or not metrics:
+        return ""
+    single = len(set(bases.values())) == 1
+    ids = {**{label: arm_id for arm_id, label in labels.items()},  # the main table's ids
+           **{e["label"]: arm_id for arm_id, e in summary["arms"].items() if e.get("label")}}
+    lines = ["", f"Against the baseline (`{summary.get('baseline')}`"
+             + ("" if single else ", each arm against the baseline at its own matrix point")
+             + "): the arm's median / the baseline's.", "",
+             "| arm | baseline | " + " | ".join(metrics) + " |",
+             "|---|---|" + "---:|" * len(metrics)]
+    for label, base in rows:
+        cells = []
+        for m in metrics:
+            a, b = by_label[label]["metrics"].get(m), by_label[base]["metrics"].get(m)
+            if not a or not b or a.get("median") is None or not b.get("median"):
+                cells.append("-")
+                continue
+            unsure = any(f.startswith(("NOISY", "SINGLE")) for f in (*a["flags"], *b["flags"]))
+            cells.append(f"{a['median'] / b['median']:.3g}x" + ("*" if unsure else ""))
+        lines.append(f"| {label} | {'(itself)' if label == base else ids.get(base, base)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\n* NOISY or single-pass on either side: not a ranking.\n")
 
 
 # --- serving load points (docs/serving.md) ---------------------------------------------------

@@ -147,3 +147,34 @@ def test_quality_probe_is_id_neutral_off_and_part_of_the_id_on() -> None:
     assert on.id == spelled.id != plain
     assert on.workload.quality == {"tokens": 32, "sequence_len": 128}
     assert on.to_dict()["workload"]["quality"] == {"tokens": 32, "sequence_len": 128}
+
+
+def _peers(baseline: str) -> dict:
+    return _sweep(stage={"kv_cache_mib": 32}, baseline=baseline,
+                  workload={"detokenize": False},
+                  matrix={"prompt_len": [128, 512]},
+                  zip=[{"engine": ["vllm", "vllm", "llamacpp"],
+                        "quantization": [None, "cpu_int4", "Q4_0"],
+                        "kv_cache_mib": [32, 32, None]}])
+
+
+def test_baseline_by_some_axes_divides_each_arm_by_its_own_matrix_point() -> None:
+    from omni_ray.config.grid import baselines
+
+    sweep = sweep_from_dict(_peers("engine=llamacpp,quantization=Q4_0"))
+    got = baselines(sweep)
+    q4 = {p: f"prompt_len={p},engine=llamacpp,quantization=Q4_0,kv_cache_mib=null"
+          for p in (128, 512)}
+    assert len(got) == 6
+    for label, base in got.items():
+        assert base == q4[int(label.split(",")[0].split("=")[1])]
+
+
+def test_baseline_naming_a_matrix_value_or_a_whole_label_is_one_arm_for_all() -> None:
+    from omni_ray.config.grid import baselines
+
+    one = "prompt_len=128,engine=vllm,quantization=null,kv_cache_mib=32"
+    for spec in (one, "prompt_len=128,quantization=null"):
+        got = baselines(sweep_from_dict(_peers(spec)))
+        assert set(got.values()) == {one} and len(got) == 6
+    assert baselines(sweep_from_dict(_sweep(matrix={"batch": [1, 2]}))) == {}

@@ -101,3 +101,29 @@ def test_the_sweep_file_baseline_reaches_summary_json_and_the_report(make_run):
     write_summary(sweep, expand(sweep), run_dir)
     t = table.build([load_run(run_dir)])
     assert [r.ratio for r in t.rows] == [0.5, 1.0]
+
+
+def test_a_baseline_by_axis_values_divides_each_arm_at_its_own_matrix_point(make_run):
+    """`baseline: kv_cache_mib=256` with a prompt_len matrix: each arm against the kv 256 arm
+    at its own prompt length, in summary.md and in the report."""
+    from omni_ray.api import write_summary
+    from omni_ray.config import expand, sweep_from_dict
+
+    sweep = sweep_from_dict({"name": "fake", "model": "tiny", "baseline": "kv_cache_mib=256",
+                             "matrix": {"prompt_len": [128, 512]},
+                             "zip": [{"kv_cache_mib": [64, 256], "batch": [1, 2]}]})
+    speed = {(128, 64): 10.0, (128, 256): 20.0, (512, 64): 9.0, (512, 256): 30.0}
+    run_dir = make_run("s", {f"prompt_len={p},kv_cache_mib={kv},batch={b}":
+                             [{"decode_tok_s": speed[p, kv]}] * 2
+                             for p in (128, 512) for kv, b in ((64, 1), (256, 2))})
+    write_summary(sweep, expand(sweep), run_dir)
+    md = (run_dir / "summary.md").read_text()
+    assert "Against the baseline (`kv_cache_mib=256`, each arm against the baseline at its own " \
+           "matrix point)" in md
+    rows = [line for line in md.splitlines() if line.startswith("| prompt_len=")
+            and line.count("|") == 4]
+    assert [r.split(" | ")[-1] for r in rows] == ["0.5x |", "1x |", "0.3x |", "1x |"]
+    t = table.build([load_run(run_dir)])
+    assert [r.ratio for r in t.rows] == [0.5, 1.0, 0.3, 1.0]
+    assert [r.is_baseline for r in t.rows] == [False, True, False, True]
+    assert [r.base.label for r in t.rows][2] == "prompt_len=512,kv_cache_mib=256,batch=2"
