@@ -24,7 +24,6 @@ The config and method classes are module-level: vLLM pickles the config to the e
 from __future__ import annotations
 
 import functools
-
 import logging
 import threading
 from typing import Any
@@ -282,7 +281,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
     def _checked_loader(self, st: _LayerState, tensor: str, inner, done=None):
         """``inner`` with the checkpoint's shape and dtype checked first; ``done()`` once every
-        shard of ``tensor`` is loaded, or ``done(loaded_weight)`` instead of ``inner`` when one
+        tensor and shard of the layer is loaded, or ``done(loaded_weight)`` instead of ``inner`` when one
         call brings the whole weight as the parameter holds it (packed from the checkpoint's
         tensor, which safetensors maps from the file: the bf16 parameter is never written)."""
         def load(param, loaded_weight, *args, **kwargs):
@@ -348,20 +347,20 @@ class CpuInt4LinearMethod(LinearMethodBase):
         """A loaded weight to the packed layout, its checkpoint layout freed at once: the
         checkpoint's packed tensors repacked, or a bf16 weight (or ``source``, the whole of it
         as the checkpoint holds it) quantized. The packed tensors go to huge-page mappings: a
-        decode step streams them all. ``trim_heap``: the chunks' temporaries, once freed, leave
-        glibc's heaps."""
+        decode step streams them all. ``after_chunk``: every few chunks the temporaries, once
+        freed, leave glibc's heaps."""
         st: _LayerState = layer.cpu_int4
         if st.processed:
             return
         if self.config.checkpoint_quantized:
             packed, sz = int4_pack.repack(layer.weight_packed.data, layer.weight_scale.data,
                                           layer.weight_zero.data, empty=weight_arena.empty,
-                                          after_chunk=weight_arena.trim_heap)
+                                          after_chunk=weight_arena.after_chunk)
         else:
             w = layer.weight.data if source is None else source
             packed, sz = int4_pack.quantize_and_pack(w, self.config.group_size,
                                                      empty=weight_arena.empty,
-                                                     after_chunk=weight_arena.trim_heap)
+                                                     after_chunk=weight_arena.after_chunk)
         self._replace(layer, packed, sz)
 
     @staticmethod

@@ -137,3 +137,15 @@ def test_own_mapping_is_unmapped_when_its_tensor_goes_even_when_small():
     gc.collect()
     assert not _mapped(addr)
     assert weight_arena.own_mapping((0, 5), torch.bfloat16).shape == (0, 5)
+
+
+def test_after_chunk_trims_the_heap_every_few_chunks(monkeypatch):
+    calls = []
+    monkeypatch.setattr(weight_arena, "trim_heap", lambda: calls.append(1) or True)
+    monkeypatch.setattr(weight_arena, "_chunks_since_trim", 0)
+    for _ in range(weight_arena.TRIM_EVERY_CHUNKS * 2 + 1):
+        weight_arena.after_chunk()
+    assert len(calls) == 2
+    assert weight_arena.trim_heap.__name__ == "<lambda>"  # the real one is glibc's call:
+    monkeypatch.undo()
+    assert weight_arena.trim_heap() in (True, False)
