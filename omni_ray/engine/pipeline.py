@@ -17,7 +17,6 @@ fails naming the stage. Used from the stage actor and directly (no Ray).
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from omni_ray.measure.sampler import tree_rss
 from omni_ray.results.store import write_json_atomic
 from omni_ray.workload import serving as sv
 from omni_ray.workload.prompts import token_prompts
+from omni_ray.workload.quality import vocab_size_of
 
 # What each stage's record keeps from its runner's measurements.
 STAGE_FIGURES = ("ready_s", "init_s", "rss_anon_tree_mb", "peak_rss_anon_during_load_mb",
@@ -45,11 +45,6 @@ SERVING_KEYS = ("serving", "serving_search", "capacity_req_s", "capacity_concurr
                 "capacity_users")
 # What a load point of stage 0 measured of stage 0 alone: moved under its stages[0].
 STAGE0_POINT_KEYS = ("kv_cache", "cpu", "peak_rss_anon_mb")
-
-
-def vocab_size(model_path: str) -> int:
-    with open(Path(model_path) / "config.json") as f:
-        return int(json.load(f)["vocab_size"])
 
 
 def stage_requests(req: EngineRequest, workdir: Path, name: str) -> list[EngineRequest]:
@@ -97,7 +92,7 @@ def launch_pipeline(req: EngineRequest, workdir: Path, name: str, *, timeout_s: 
         reqs = stage_requests(req, workdir, name)
         prompts = [] if serving else token_prompts(
             req.workload.batch, req.workload.prompt_len,
-            vocab_size(str(resolve_model(req.stages[0].stage.model))), seed=req.seed)
+            vocab_size_of(str(resolve_model(req.stages[0].stage.model))), seed=req.seed)
     except (ValueError, OSError) as exc:
         return {"status": "failed", "error": f"pipeline: {exc}"}
     for r in reqs:
