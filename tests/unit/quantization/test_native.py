@@ -138,12 +138,14 @@ def test_gemm_gives_each_row_the_bits_of_that_row_alone(name, n, k, group_size, 
 
 
 @pytest.mark.parametrize("name", SETS)
-def test_gemm_rows_past_one_pass_over_the_block(name):
-    """More rows than one pass over a block's groups keeps in its fp32 buffer (256 rounded down
-    to whole tiles): the second pass starts from zero, at its own rows' code pairs, and lands in
-    its own rows (a pass of 256 rows once read the wrong pairs on avx512, whose tiles are 6)."""
+@pytest.mark.parametrize("rows", [300, 515])
+def test_gemm_rows_past_one_pass_over_the_block(name, rows):
+    """More rows than one pass over a block's groups keeps in its fp32 buffer (256 rounded up
+    to whole tiles; 300 rows are two passes of 150): the second pass starts from zero, at its own
+    rows' code pairs, and lands in its own rows (a pass of 256 rows once read the wrong pairs on
+    avx512, whose tiles are 6)."""
     packed, sz, _ = _layer(64, n=N, k=128)
-    x = _x(300, 9, 128)
+    x = _x(rows, 9, 128)  # 515: three passes of 174, 174 and 167 rows (a part tile) on avx512
     y = native.ops(name).int4_gemm(x, packed, sz, 64)
     assert torch.equal(y, native.ops(name).int4_gemv(x, packed, sz, 64))
 

@@ -111,9 +111,19 @@ FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t
   return fx;
 }
 
-// Rows of x per pass over a block's groups: their fp32 outputs (rows x 64) stay in L2. Whole
-// tiles, so that every pass starts at a tile of the interleaved code pairs.
-constexpr int64_t kGemmChunkRows = 256 / isa::kTileRows * isa::kTileRows;
+// At most this many rows of x per pass over a block's groups: their fp32 outputs (rows x 64)
+// stay in L2. Whole tiles (256 rounded up), so that every pass starts at a tile of the
+// interleaved code pairs and 512 rows take two passes.
+constexpr int64_t kGemmChunkRows = (256 + isa::kTileRows - 1) / isa::kTileRows * isa::kTileRows;
+
+// The rows of each pass: M in as few passes as kGemmChunkRows allows, of equal size (whole tiles).
+// Every pass unpacks each group of the block again, so 512 rows as 252 + 252 + 8 paid a third
+// unpacking for 8 rows, and their tiles of 6 + 2 rows ran at a third of a full tile's rate.
+int64_t gemm_chunk_rows(int64_t M) {
+  constexpr int64_t R = isa::kTileRows;
+  const int64_t passes = (M + kGemmChunkRows - 1) / kGemmChunkRows;
+  return ((M + passes - 1) / passes + R - 1) / R * R;
+}
 
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
                      const at::Tensor& scales_zeros, int64_t group_size) {
@@ -136,9 +146,10 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t full = N / kBlockN, tail = N % kBlockN;
+  const int64_t chunk = gemm_chunk_rows(M);
   at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
     std::vector<int32_t> qb(gs / 2 * kBlockN);
-    std::vector<float> o(std::min(M, kGemmChunkRows) * kBlockN);
+    std::vector<float> o(std::min(M, chunk) * kBlockN);
     alignas(64) float sc[kBlockN], ze[kBlockN];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * kBlockN;
@@ -147,8 +158,8 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
         block_scalar(static_cast<int>(M), wb, tail, sz, N, n0, K, gs, fx, 0, op, N);
         continue;
       }
-      for (int64_t m0 = 0; m0 < M; m0 += kGemmChunkRows) {
-        const int64_t rows = std::min(kGemmChunkRows, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+        const int64_t rows = std::min(chunk, M - m0);
         std::fill(o.begin(), o.begin() + rows * kBlockN, 0.0f);
         for (int64_t g = 0; g < G; ++g) {
           isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
