@@ -399,6 +399,20 @@ def test_build_dir_is_keyed_on_sources_flags_and_torch(monkeypatch, tmp_path):
     assert native.set_dir(ks) != a
 
 
+def test_build_dir_is_one_per_checkout(monkeypatch, tmp_path):
+    """The same sources at another path (a second work tree) build in a directory of their own:
+    a shared one was rebuilt at every switch, its build.ninja naming the other path."""
+    monkeypatch.setenv(envs.VLLM_OMNI_CACHE, str(tmp_path / "cache"))
+    ks = native.BY_NAME["avx2"]
+    copy = tmp_path / "checkout" / ks.source.name
+    copy.parent.mkdir()
+    copy.write_bytes(ks.source.read_bytes())
+    assert native.build_dir(ks.library, (copy,), ks.cflags) != \
+        native.build_dir(ks.library, (ks.source,), ks.cflags)
+    assert native.build_dir(ks.library, (copy,), ks.cflags) == \
+        native.build_dir(ks.library, (copy,), ks.cflags)
+
+
 # ------------------------------------------------------------------------ the greedy argmax
 
 def _logits(rows, vocab, dtype, seed):
