@@ -138,16 +138,27 @@ def test_gemm_gives_each_row_the_bits_of_that_row_alone(name, n, k, group_size, 
 
 
 @pytest.mark.parametrize("name", SETS)
-@pytest.mark.parametrize("rows", [300, 515])
+@pytest.mark.parametrize("rows", [300, 600])
 def test_gemm_rows_past_one_pass_over_the_block(name, rows):
     """More rows than one pass over a block's groups keeps in its fp32 buffer (256 rounded up
-    to whole tiles; 300 rows are two passes of 150): the second pass starts from zero, at its own
+    to whole tiles; 300 rows are two passes): the second pass starts from zero, at its own
     rows' code pairs, and lands in its own rows (a pass of 256 rows once read the wrong pairs on
     avx512, whose tiles are 6)."""
     packed, sz, _ = _layer(64, n=N, k=128)
-    x = _x(rows, 9, 128)  # 515: three passes of 174, 174 and 167 rows (a part tile) on avx512
+    x = _x(rows, 9, 128)  # 600: three passes on every set (204 + 204 + 192 rows on avx512)
     y = native.ops(name).int4_gemm(x, packed, sz, 64)
     assert torch.equal(y, native.ops(name).int4_gemv(x, packed, sz, 64))
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_gemm_and_gemv_of_no_rows(name):
+    """An empty batch (a linear with row_threshold 0 sends every call to the GEMM) is an empty
+    result, not a division by zero passes (SIGFPE, the engine gone)."""
+    packed, sz, _ = _layer(128)
+    ops = native.ops(name)
+    for mul in (ops.int4_gemm, ops.int4_gemv):
+        y = mul(_x(0, 3), packed, sz, 128)
+        assert y.shape == (0, N) and y.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("name", SETS)

@@ -118,10 +118,10 @@ constexpr int64_t kGemmChunkRows = (256 + isa::kTileRows - 1) / isa::kTileRows *
 
 // The rows of each pass: M in as few passes as kGemmChunkRows allows, of equal size (whole tiles).
 // Every pass unpacks each group of the block again, so 512 rows as 252 + 252 + 8 paid a third
-// unpacking for 8 rows, and their tiles of 6 + 2 rows ran at a third of a full tile's rate.
+// unpacking of every group for 8 rows. (No rows: one empty pass.)
 int64_t gemm_chunk_rows(int64_t M) {
   constexpr int64_t R = isa::kTileRows;
-  const int64_t passes = (M + kGemmChunkRows - 1) / kGemmChunkRows;
+  const int64_t passes = std::max<int64_t>(1, (M + kGemmChunkRows - 1) / kGemmChunkRows);
   return ((M + passes - 1) / passes + R - 1) / R * R;
 }
 
