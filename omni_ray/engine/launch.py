@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from omni_ray import envs
 from omni_ray.engines import PHASE_MARK, PROGRESS_MARK  # noqa: F401 - what _PHASE, _PROGRESS read
 from omni_ray.engines.request import EngineRequest
 from omni_ray.measure.sampler import tree_rss
@@ -177,38 +176,10 @@ def _limit_report(limit_mib: int, peak_mb: float | None, *, exceeded: bool) -> d
             "interval_s": POLL_S, "enforced_by": "omni-ray launcher (tree RssAnon watchdog)"}
 
 
-MODELINFOS = "modelinfos"
-
-
-def share_modelinfos(cache_root: str | Path) -> None:
-    """Make ``cache_root/modelinfos`` (the engine's ``VLLM_CACHE_ROOT``) omni-ray's one copy.
-
-    vLLM keeps there what it learnt of a model class, keyed on the class's source; without it, it
-    learns it again in a subprocess that imports vLLM and the plugins: ~5 s of every engine start,
-    and ~410 MiB RssAnon in the engine's tree while it runs, the whole of the `small` cpu_int4
-    arm's "peak during load" above its settled RssAnon (measured 2026-12-06). An arm's compile
-    cache is its own so that its compile is cold or warm as its config says; these facts are not
-    the compile's, and a user's ``~/.cache/vllm`` keeps them too. Nothing here raises: without the
-    link an engine only starts slower.
-    """
-    shared = envs.cache_dir() / "vllm-modelinfos"
-    link = Path(cache_root) / MODELINFOS
-    try:
-        shared.mkdir(parents=True, exist_ok=True)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to(shared, target_is_directory=True)
-    except OSError:
-        pass
-
-
 def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
                on_poll: Callable[[int], None] | None = None) -> dict:
     """One engine process for ``req``; returns the runner's result plus exit and log facts."""
     workdir.mkdir(parents=True, exist_ok=True)
-    cache = req.compile_cache_dir if isinstance(req, EngineRequest) else req.get("compile_cache_dir")
-    if cache:
-        share_modelinfos(cache)
     req_path, out_path = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
     log_path = workdir / f"{name}.log"
     write_json_atomic(req_path, req.to_dict() if isinstance(req, EngineRequest) else req)

@@ -95,9 +95,15 @@ def run(req: EngineRequest) -> dict:
     readback = PinningReadback(os.getpid(), cpus)
     engine = load_engine(req.engine)()
     # before the sampler and the engine: the probe's buffer is in no figure, its time in no
-    # window (ready_s leaves it out)
+    # window (ready_s leaves it out); so is what an engine learns once per machine (vLLM: the
+    # model class's facts, engines/vllm_modelinfo.py), or the first arm on a machine would
+    # measure it and no other arm would
     probe_t0 = time.monotonic()
     probe = slot_probe(engine, req, model_path) if req.bandwidth_probe else None
+    warm = getattr(engine, "warm_caches", None)
+    caches = warm(req, model_path) if warm is not None else None
+    if caches is not None:
+        print(f"omni-ray engine caches: {caches}", flush=True)
     probe_s = time.monotonic() - probe_t0
 
     with TreeSampler(os.getpid()) as sampler:
@@ -142,6 +148,8 @@ def run(req: EngineRequest) -> dict:
         del engine
     out = {"status": "ok", "measurements": m, "pinning": readback.into(pinning),
            "memory": sampler.to_dict(), **extra}
+    if caches is not None:
+        out["engine_caches"] = caches
     if shared:
         out["shared"] = shared
     bad = out["pinning"]["violations"]

@@ -7,6 +7,7 @@ Only this module (and vllm_omni) imports vLLM, inside ``load``; the request is t
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -417,6 +418,14 @@ class VllmEngine:
             session.phase("quality")
             m.update(quality_probe(self.llm, req, session.model_path, vocab))
         return m
+
+    @staticmethod
+    def warm_caches(req: EngineRequest, model_path: str) -> str:
+        """Before the runner's sampler: the arm's VLLM_CACHE_ROOT shares vLLM's model-class
+        facts, learnt if missing (engines/vllm_modelinfo.py). What it did, for the log."""
+        from omni_ray.engines import vllm_modelinfo
+
+        return vllm_modelinfo.warm(os.environ.get("VLLM_CACHE_ROOT"), model_path)
 
     @staticmethod
     def weight_bytes(req: EngineRequest, model_path: str) -> int | None:

@@ -4,7 +4,6 @@ import ast
 import importlib.metadata
 import logging
 import os
-import shutil
 import signal
 from pathlib import Path
 
@@ -304,40 +303,3 @@ def test_a_warm_start_of_a_shared_engine_primes_without_any_workload(monkeypatch
     assert (prime.workload, prime.then) == (None, ())
     assert run.then == (WorkloadConfig(prompt_len=16),)
 
-
-def test_share_modelinfos_links_every_arms_cache_to_one_copy(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMNI_RAY_CACHE", str(tmp_path / "omni"))
-    shared = tmp_path / "omni" / "vllm-modelinfos"
-    for arm in ("a", "b"):
-        launch.share_modelinfos(tmp_path / arm / "vllm-cache")
-        link = tmp_path / arm / "vllm-cache" / launch.MODELINFOS
-        assert link.is_symlink() and link.resolve() == shared.resolve()
-    (tmp_path / "a" / "vllm-cache" / launch.MODELINFOS / "x.json").write_text("{}")
-    assert (tmp_path / "b" / "vllm-cache" / launch.MODELINFOS / "x.json").exists()
-    launch.share_modelinfos(tmp_path / "a" / "vllm-cache")  # again: unchanged
-    shutil.rmtree(tmp_path / "a" / "vllm-cache")  # what launch_arm does after the arm
-    assert (shared / "x.json").exists()
-    # a cache that already has its own modelinfos keeps it
-    own = tmp_path / "c" / "vllm-cache" / launch.MODELINFOS
-    own.mkdir(parents=True)
-    launch.share_modelinfos(own.parent)
-    assert own.is_dir() and not own.is_symlink()
-
-
-def test_run_engine_shares_modelinfos_with_the_arms_compile_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMNI_RAY_CACHE", str(tmp_path / "omni"))
-    seen = []
-    monkeypatch.setattr(launch, "share_modelinfos", lambda root: seen.append(str(root)))
-    monkeypatch.setattr(launch.subprocess, "Popen", _refuse_to_start)
-    with pytest.raises(_NotStarted):
-        launch.run_engine({"model": "m", "compile_cache_dir": str(tmp_path / "c")}, tmp_path,
-                          "arm", timeout_s=5)
-    assert seen == [str(tmp_path / "c")]
-
-
-class _NotStarted(Exception):
-    pass
-
-
-def _refuse_to_start(*args, **kwargs):
-    raise _NotStarted
