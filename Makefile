@@ -9,8 +9,8 @@ setup:
 demo: setup
 	.venv/bin/omni-ray sweep configs/smoke.yaml
 
-# --durations: the 25 slowest tests close every run's output, so a machine slower than the
-# one the suite was timed on (its budget is 40 minutes on the slowest CPU) shows where it goes.
+# --durations: the 25 slowest tests close every run's output, so a run on a machine slower than
+# the one the suite was timed on shows where its time goes.
 test: setup
 	.venv/bin/python -m pytest -q --durations=25 tests
 
