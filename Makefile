@@ -9,8 +9,10 @@ setup:
 demo: setup
 	.venv/bin/omni-ray sweep configs/smoke.yaml
 
+# --durations: the 25 slowest tests close every run's output, so a run on a machine slower than
+# the one the suite was timed on shows where its time goes.
 test: setup
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q --durations=25 tests
 
 test-fast: setup
 	.venv/bin/python -m pytest -q tests/unit -m "not native" --timeout 120
