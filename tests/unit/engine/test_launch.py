@@ -302,4 +302,3 @@ def test_a_warm_start_of_a_shared_engine_primes_without_any_workload(monkeypatch
     prime, run = seen
     assert (prime.workload, prime.then) == (None, ())
     assert run.then == (WorkloadConfig(prompt_len=16),)
-
