@@ -79,7 +79,8 @@ def warm(cache_root: str | None, model_path: str, timeout_s: float = 300) -> str
     except (OSError, subprocess.SubprocessError) as exc:
         return f"not learnt: {type(exc).__name__}"
     if done.returncode != 0:
-        return f"not learnt: exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        return f"not learnt: exit {done.returncode}: {last}"
     left = missing(model_path)
     for arch in left:  # not asked again at every start
         try:

@@ -281,9 +281,10 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
     def _checked_loader(self, st: _LayerState, tensor: str, inner, done=None):
         """``inner`` with the checkpoint's shape and dtype checked first; ``done()`` once every
-        tensor and shard of the layer is loaded, or ``done(loaded_weight)`` instead of ``inner`` when one
-        call brings the whole weight as the parameter holds it (packed from the checkpoint's
-        tensor, which safetensors maps from the file: the bf16 parameter is never written)."""
+        tensor and shard of the layer is loaded, or ``done(loaded_weight)`` instead of ``inner``
+        when one call brings the whole weight as the parameter holds it (packed from the
+        checkpoint's tensor, which safetensors maps from the file: the bf16 parameter is never
+        written)."""
         def load(param, loaded_weight, *args, **kwargs):
             shard = args[0] if args else kwargs.get("loaded_shard_id")
             if shard is None:
