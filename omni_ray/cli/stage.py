@@ -12,8 +12,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default: vllm")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="vllm's KV budget (required)")
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--quantization", choices=["cpu_int4", "Q8_0", "Q4_0"], default=None,
-                   help="cpu_int4 (vllm); Q8_0, Q4_0 (llamacpp)")
+    p.add_argument("--quantization", choices=["cpu_int4", "cpu_int4_a8", "Q8_0", "Q4_0"],
+                   default=None, help="cpu_int4, cpu_int4_a8 (vllm; _a8: W4A8 activations); "
+                                      "Q8_0, Q4_0 (llamacpp)")
     p.add_argument("--compiled", action="store_true", help="torch.compile (default: eager)")
     p.add_argument("--multiprocessing", action="store_true",
                    help="vLLM's own EngineCore process (default: in-process)")

@@ -22,7 +22,7 @@ STAGE_FIELDS: dict[str, f.Check] = {
     "model": f.model,
     "engine": f.choice(*ENGINES),
     "dtype": f.choice("bfloat16", "float32", "float16"),
-    "quantization": f.optional(f.choice("cpu_int4", "Q8_0", "Q4_0")),
+    "quantization": f.optional(f.choice("cpu_int4", "cpu_int4_a8", "Q8_0", "Q4_0")),
     "kv_cache_mib": f.optional(f.integer(gt=0)),
     "max_model_len": f.integer(gt=0),
     "max_num_seqs": f.integer(gt=0),
@@ -55,7 +55,7 @@ ENGINE_STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 LLAMACPP_ENGINE_ARGS = {"flash_attn": ("on", "off", "auto"), "threads": None}
 # quantization values per engine (None: the dtype's weights as they are)
 ENGINE_QUANTIZATION: dict[str, tuple[str | None, ...]] = {
-    "vllm": (None, "cpu_int4"),
+    "vllm": (None, "cpu_int4", "cpu_int4_a8"),  # cpu_int4_a8: W4A8 activations
     "llamacpp": (None, "Q8_0", "Q4_0"),
     "transformers": (None,),
 }
@@ -199,7 +199,7 @@ class StageConfig(_Config):
     model: str                      # a shape name from SHAPES, or an absolute model directory
     engine: str = "vllm"            # vllm | llamacpp | transformers (omni_ray/engines/)
     dtype: str = "bfloat16"         # bfloat16 | float32 | float16
-    quantization: str | None = None  # None | "cpu_int4" (vllm) | "Q8_0" | "Q4_0" (llamacpp)
+    quantization: str | None = None  # None | "cpu_int4" | "cpu_int4_a8" (vllm) | "Q8_0" | "Q4_0"
     kv_cache_mib: int | None = None  # vllm: explicit KV budget (kv_cache_memory_bytes / 2**20)
     max_model_len: int = 1024
     max_num_seqs: int = 8

@@ -38,7 +38,7 @@ def healthy(info: dict) -> bool:
 def quantization() -> dict:
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
-    return {"cpu_int4": "cpu_int4" in QUANTIZATION_METHODS}
+    return {m: m in QUANTIZATION_METHODS for m in ("cpu_int4", "cpu_int4_a8")}
 
 
 def kernels() -> dict:

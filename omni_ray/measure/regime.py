@@ -73,9 +73,10 @@ def checkpoint_bytes_per_token(model_dir: str | os.PathLike, quantization: str |
 
     Every tensor counts once, except the input embedding of an untied model: a token reads one
     row of it (ignored here), while its output head is read whole. A tied embedding is the head,
-    so it counts. ``quantization="cpu_int4"`` on a checkpoint that is not cpu_int4 already (a
-    bf16 one quantized at load): the engine reads int4 bytes, so each linear weight it
-    quantizes counts as int4 (``_int4_at_load``), the rest as stored. ``dtype`` (a stage's:
+    so it counts. ``quantization="cpu_int4"`` (or ``cpu_int4_a8``, the same weights) on a
+    checkpoint that is not cpu_int4 already (a bf16 one quantized at load): the engine reads
+    int4 bytes, so each linear weight it quantizes counts as int4 (``_int4_at_load``), the rest
+    as stored. ``dtype`` (a stage's:
     ``bfloat16``, ``float16``, ``float32``): the engine casts floating tensors to it, so they
     count at its size (None: as stored).
     """
@@ -83,7 +84,7 @@ def checkpoint_bytes_per_token(model_dir: str | os.PathLike, quantization: str |
     d = Path(model_dir)
     config = json.loads((d / "config.json").read_text())
     tied = bool(config.get("tie_word_embeddings", False))
-    at_load = (quantization == "cpu_int4"
+    at_load = (quantization in ("cpu_int4", "cpu_int4_a8")
                and (config.get("quantization_config") or {}).get("quant_method") != "cpu_int4")
     total = 0
     for f in sorted(d.glob("*.safetensors")):

@@ -24,7 +24,7 @@ def test_json_all_patches_applied_and_cpu_int4_registered(capsys, monkeypatch):
     info = json.loads(capsys.readouterr().out)
     assert set(info["patches"]) == PATCHES
     assert {n: p["applied"] for n, p in info["patches"].items()} == dict.fromkeys(PATCHES, True)
-    assert info["quantization"] == {"cpu_int4": True}
+    assert info["quantization"] == {"cpu_int4": True, "cpu_int4_a8": True}
     from vllm_omni.ops import native
 
     status = native.load()  # what cpu_int4 will run on here, and why: doctor must say the same

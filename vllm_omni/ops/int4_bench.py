@@ -40,9 +40,9 @@ def _median_us(fn, repeats: int, min_time_s: float = 0.05) -> float:
 
 
 def measure(shapes: list[tuple[int, int]], rows: list[int], group_size: int = 128,
-            repeats: int = 5) -> list[dict]:
+            repeats: int = 5, activation_bits: int = 16) -> list[dict]:
     """One record per (shape, rows): few_us (the op below its threshold), many_us (at or above
-    it), bf16_us."""
+    it), bf16_us; ``activation_bits`` 8: W4A8."""
     op = int4_linear.op()
     out = []
     gen = torch.Generator().manual_seed(0)
@@ -53,8 +53,10 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], group_size: int = 12
         for r in rows:
             x = torch.randn(r, k, generator=gen).to(torch.bfloat16)
             rec = {"n": n, "k": k, "rows": r,
-                   "few_us": _median_us(lambda: op(x, packed, sz, group_size, 1 << 30), repeats),
-                   "many_us": _median_us(lambda: op(x, packed, sz, group_size, 0), repeats),
+                   "few_us": _median_us(lambda: op(x, packed, sz, group_size, 1 << 30, None,
+                                                   activation_bits), repeats),
+                   "many_us": _median_us(lambda: op(x, packed, sz, group_size, 0, None,
+                                                    activation_bits), repeats),
                    "bf16_us": _median_us(lambda: F.linear(x, w), repeats)}
             out.append(rec)
     return out
@@ -77,15 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,2,4,8,16,32,64,128,256")
     p.add_argument("--group-size", type=int, default=grid.DEFAULT_GROUP_SIZE)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--activation-bits", type=int, choices=(16, 8), default=16,
+                   help="8: W4A8 (cpu_int4_a8)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     rows = [int(v) for v in a.rows.split(",")]
-    recs = measure(shapes, rows, a.group_size, a.repeats)
+    recs = measure(shapes, rows, a.group_size, a.repeats, a.activation_bits)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"group {a.group_size}")
+          f"group {a.group_size}, activation bits {a.activation_bits}")
     print(f"{'N x K':>12} {'rows':>5} {'few us':>10} {'many us':>10} {'bf16 us':>10}")
     for r in recs:
         print(f"{r['n']:>5} x {r['k']:<5} {r['rows']:>5} {r['few_us']:>10.1f} "

@@ -9,9 +9,12 @@ values, no Python per call). Otherwise the Python function here is the kernel: d
 ``_weight_int4pack_mm_for_cpu`` where torch's build reads vllm_omni's layout
 (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
-rounding). Being one opaque op,
+rounding). ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group
+before the products, which the avx512 set then takes four to an instruction; the Python kernels
+round x the same way (to bf16 afterwards) and multiply as above. Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
-``group_size`` and ``row_threshold`` are arguments, so they are constants of the traced graph
+``group_size``, ``row_threshold`` and ``activation_bits`` are arguments, so they are constants of
+the traced graph
 and must be part of the quantization config (which keys vLLM's compile cache).
 
 No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
@@ -33,9 +36,23 @@ _lock = threading.Lock()
 _KERNELS: Optional[str] = None  # set by register()
 
 
+ACTIVATION_BITS = (16, 8)
+
+
+def int8_activations(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] rounded as W4A8 rounds it, per group of ``group_size``: round(x * 127 / max|x|)
+    (clamped to +-127) times max|x| / 127, in bf16."""
+    xg = x.float().reshape(x.shape[0], -1, group_size)
+    amax = xg.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    codes = torch.round(xg * inv).clamp_(-127, 127)
+    return (codes * (amax / 127.0)).reshape(x.shape).to(torch.bfloat16)
+
+
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                     group_size: int, row_threshold: int,
-                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    bias: Optional[torch.Tensor] = None,
+                    activation_bits: int = 16) -> torch.Tensor:
     """y = x @ W^T (+ bias), W [N, K] in vllm_omni's int4 layout; x [..., K] -> y [..., N]."""
     k = x.shape[-1]
     n = scales_zeros.shape[1]
@@ -43,31 +60,43 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if x2.dtype != torch.bfloat16:
         x2 = x2.to(torch.bfloat16)
     rows = x2.shape[0]
-    fast = native.available()
-    if fast:
+    if native.available():
         kernels = native.ops()
         mul = kernels.int4_gemv if rows < row_threshold else kernels.int4_gemm
-        y = mul(x2, packed, scales_zeros, group_size)
-    elif rows < row_threshold and n % int4_pack.BLOCK_N == 0 and int4_pack.torch_reads_pack():
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
-                                                       scales_zeros)
+        y = mul(x2, packed, scales_zeros, group_size, activation_bits)
     else:
-        y = None
-        for r, wt in int4_pack.dequantize_t_chunks(packed, scales_zeros, k):
-            if wt.shape[1] == n:  # one chunk: the whole weight
-                y = torch.mm(x2, wt)
-            else:
-                if y is None:
-                    y = torch.empty(rows, n, dtype=torch.bfloat16)
-                y[:, r:r + wt.shape[1]] = torch.mm(x2, wt)
+        y = _python_linear(x2, packed, scales_zeros, group_size, row_threshold, activation_bits)
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], n).to(x.dtype)
 
 
+def _python_linear(x2: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
+                   group_size: int, row_threshold: int, activation_bits: int) -> torch.Tensor:
+    """The op without native kernels: x2 bf16 [rows, K] -> bf16 [rows, N]."""
+    if activation_bits not in ACTIVATION_BITS:
+        raise ValueError(f"activation_bits must be 16 or 8, got {activation_bits}")
+    if activation_bits == 8:
+        x2 = int8_activations(x2, group_size)
+    rows, k = x2.shape
+    n = scales_zeros.shape[1]
+    if rows < row_threshold and n % int4_pack.BLOCK_N == 0 and int4_pack.torch_reads_pack():
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), packed, group_size,
+                                                          scales_zeros)
+    y = None
+    for r, wt in int4_pack.dequantize_t_chunks(packed, scales_zeros, k):
+        if wt.shape[1] == n:  # one chunk: the whole weight
+            return torch.mm(x2, wt)
+        if y is None:
+            y = torch.empty(rows, n, dtype=torch.bfloat16)
+        y[:, r:r + wt.shape[1]] = torch.mm(x2, wt)
+    return y
+
+
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                          group_size: int, row_threshold: int,
-                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         bias: Optional[torch.Tensor] = None,
+                         activation_bits: int = 16) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 

@@ -11,6 +11,11 @@ Two ways in:
   (``get_config_filenames()`` is empty), vLLM builds :class:`CpuInt4Config` with its defaults and
   every layer is quantized right after loading.
 
+``cpu_int4_a8`` is the same method with ``activation_bits`` 8 (W4A8: x rounded to int8 per group
+before the products, which the avx512 kernels take four to an instruction; faster prefill, less
+accurate): ``LLM(..., quantization="cpu_int4_a8")`` on a bf16 checkpoint or on a cpu_int4 one,
+whose weights it reads as they are.
+
 Either way each layer keeps one layout after loading: vllm_omni's int4 layout
 (:mod:`vllm_omni.ops.int4_pack`, the same on every CPU) plus bf16 scales_and_zeros
 [K/group, N, 2]; the checkpoint tensors are freed. The linear runs as the custom
@@ -55,6 +60,7 @@ from vllm_omni.quantization import grid
 logger = logging.getLogger("vllm.omni")
 
 QUANT_METHOD = "cpu_int4"
+QUANT_METHOD_A8 = "cpu_int4_a8"
 # Rows from which the op takes its many-row branch: with native kernels the int4 GEMM instead
 # of the GEMV (the same bits, so speed only), with the Python ones dequantize + bf16 matmul
 # instead of torch's int4 GEMM. The value was measured for the GEMV against dequantize +
@@ -75,15 +81,24 @@ _QKV_SHARDS = ("q", "k", "v")
 
 
 class CpuInt4Config(QuantizationConfig):
-    """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold
-    become constants of the op call) is a field here, so it is part of the checkpoint's config
-    and of vLLM's compile-cache key, never an environment variable."""
+    """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold,
+    activation_bits become constants of the op call) is a field here, so it is part of the
+    checkpoint's config and of vLLM's compile-cache key, never an environment variable."""
+
+    ACTIVATION_BITS = 16  # the default of this method
 
     def __init__(self, group_size: int = grid.DEFAULT_GROUP_SIZE,
                  ignored_modules: list[str] | None = None,
                  row_threshold: int = DEFAULT_ROW_THRESHOLD,
-                 checkpoint_quantized: bool = False) -> None:
+                 checkpoint_quantized: bool = False,
+                 activation_bits: int | None = None) -> None:
         super().__init__()
+        if activation_bits is None:
+            activation_bits = self.ACTIVATION_BITS
+        if activation_bits not in int4_linear.ACTIVATION_BITS or isinstance(activation_bits, bool):
+            raise OmniInputError(f"quantization_config.activation_bits: must be one of "
+                                 f"{list(int4_linear.ACTIVATION_BITS)}, got {activation_bits!r}")
+        self.activation_bits = activation_bits
         if group_size not in grid.GROUP_SIZES:
             raise OmniInputError(f"quantization_config.group_size: must be one of "
                                  f"{list(grid.GROUP_SIZES)}, got {group_size!r}")
@@ -103,8 +118,9 @@ class CpuInt4Config(QuantizationConfig):
         self.checkpoint_quantized = checkpoint_quantized
 
     def __repr__(self) -> str:
-        return (f"CpuInt4Config(group_size={self.group_size}, row_threshold="
-                f"{self.row_threshold}, ignored_modules={len(self.ignored_modules)}, "
+        return (f"{type(self).__name__}(group_size={self.group_size}, row_threshold="
+                f"{self.row_threshold}, activation_bits={self.activation_bits}, "
+                f"ignored_modules={len(self.ignored_modules)}, "
                 f"checkpoint_quantized={self.checkpoint_quantized})")
 
     def get_name(self) -> str:
@@ -128,19 +144,24 @@ class CpuInt4Config(QuantizationConfig):
             raise OmniInputError(f"quantization_config.quant_method: expected "
                                  f"{QUANT_METHOD!r}, got {method!r}")
         unknown = set(config) - {"quant_method", "group_size", "ignored_modules",
-                                 "row_threshold"}
+                                 "row_threshold", "activation_bits"}
         if unknown:
             raise OmniInputError(f"quantization_config: unknown field(s) {sorted(unknown)}")
         return cls(group_size=config.get("group_size", grid.DEFAULT_GROUP_SIZE),
                    ignored_modules=config.get("ignored_modules", []),
                    row_threshold=config.get("row_threshold", DEFAULT_ROW_THRESHOLD),
-                   checkpoint_quantized=True)
+                   checkpoint_quantized=True,
+                   activation_bits=config.get("activation_bits", cls.ACTIVATION_BITS))
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``quantization_config`` block of config.json."""
-        return {"quant_method": QUANT_METHOD, "group_size": self.group_size,
-                "ignored_modules": list(self.ignored_modules),
-                "row_threshold": self.row_threshold}
+        """The ``quantization_config`` block of config.json (``activation_bits`` only when not
+        16, so the checkpoints written before it existed are written the same)."""
+        out = {"quant_method": QUANT_METHOD, "group_size": self.group_size,
+               "ignored_modules": list(self.ignored_modules),
+               "row_threshold": self.row_threshold}
+        if self.activation_bits != 16:
+            out["activation_bits"] = self.activation_bits
+        return out
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper) -> None:
         if self.ignored_modules:
@@ -169,6 +190,33 @@ class CpuInt4Config(QuantizationConfig):
             if self.is_ignored(prefix):
                 return None  # vLLM falls back to UnquantizedEmbeddingMethod
             return CpuInt4LinearMethod(self, prefix or "embed_tokens")
+        return None
+
+
+class CpuInt4A8Config(CpuInt4Config):
+    """``cpu_int4_a8``: cpu_int4 with W4A8 activations (``activation_bits`` 8), on the same
+    weights: a bf16 checkpoint quantized at load, or a cpu_int4 checkpoint read as cpu_int4_a8."""
+
+    ACTIVATION_BITS = 8
+
+    def get_name(self) -> str:
+        return QUANT_METHOD_A8
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CpuInt4A8Config:
+        config = dict(config)
+        if config.get("quant_method") == QUANT_METHOD_A8:
+            config["quant_method"] = QUANT_METHOD
+        config.setdefault("activation_bits", cls.ACTIVATION_BITS)
+        return super().from_config(config)
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant,
+                                     hf_config: Any = None) -> str | None:
+        """A cpu_int4 checkpoint asked for as cpu_int4_a8 (vLLM otherwise refuses the pair)."""
+        if user_quant == QUANT_METHOD_A8 and (hf_quant_cfg or {}).get("quant_method") in (
+                QUANT_METHOD, QUANT_METHOD_A8):
+            return QUANT_METHOD_A8
         return None
 
 
@@ -410,7 +458,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # The op itself, not int4_linear.op(): registration takes a lock dynamo cannot trace.
         return torch.ops.vllm_omni.cpu_int4_linear(
             x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), self.config.group_size,
-            self.config.row_threshold, bias)
+            self.config.row_threshold, bias, self.config.activation_bits)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         if layer.cpu_int4.dense:
@@ -429,8 +477,9 @@ def register() -> None:
 
     with _register_lock:
         int4_linear.register()
-        if q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is not CpuInt4Config:
-            q.register_quantization_config(QUANT_METHOD)(CpuInt4Config)
+        for name, cls in ((QUANT_METHOD, CpuInt4Config), (QUANT_METHOD_A8, CpuInt4A8Config)):
+            if q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(name) is not cls:
+                q.register_quantization_config(name)(cls)
         # Without this the layers hand our parameters to the old weight_loader.
         if CpuInt4LinearMethod.__name__ not in linear.WEIGHT_LOADER_V2_SUPPORTED:
             linear.register_weight_loader_v2_supported_method(CpuInt4LinearMethod)
@@ -441,5 +490,6 @@ def is_registered() -> bool:
     from vllm.model_executor.layers import quantization as q
 
     return (q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is CpuInt4Config
+            and q._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD_A8) is CpuInt4A8Config
             and CpuInt4LinearMethod.__name__ in linear.WEIGHT_LOADER_V2_SUPPORTED
             and int4_linear.registered())

@@ -126,6 +126,8 @@ def test_quantized_checkpoint_with_unsupported_layer_not_ignored_is_rejected():
     ({"ignored_modules": "lm_head"}, r"ignored_modules"),
     ({"quant_method": "awq"}, r"quant_method: expected 'cpu_int4', got 'awq'"),
     ({"grup_size": 64}, r"unknown field\(s\) \['grup_size'\]"),
+    ({"activation_bits": 4}, r"activation_bits: must be one of \[16, 8\], got 4"),
+    ({"activation_bits": True}, r"activation_bits: must be one of \[16, 8\], got True"),
 ])
 def test_config_errors_name_the_field(cfg, match):
     with pytest.raises(OmniInputError, match=match):
@@ -140,6 +142,42 @@ def test_config_round_trip_and_defaults():
     at_load = cpu_int4.CpuInt4Config()
     assert not at_load.checkpoint_quantized and at_load.get_config_filenames() == []
     assert at_load.row_threshold == cpu_int4.DEFAULT_ROW_THRESHOLD
+
+
+def test_w4a8_is_a_field_and_a_method_of_its_own():
+    """activation_bits is written only when it is not 16 (checkpoints written before it existed
+    read the same); cpu_int4_a8 defaults to 8, at load and on a cpu_int4 checkpoint, which
+    vLLM is told to read as cpu_int4_a8 (it refuses a method other than the checkpoint's)."""
+    assert "activation_bits" not in cpu_int4.CpuInt4Config().to_dict()
+    assert cpu_int4.CpuInt4Config().activation_bits == 16
+    d = {"quant_method": "cpu_int4", "group_size": 128, "ignored_modules": [],
+         "row_threshold": 32, "activation_bits": 8}
+    c = cpu_int4.CpuInt4Config.from_config(d)
+    assert c.activation_bits == 8 and c.to_dict() == d and c.get_name() == "cpu_int4"
+    a8 = cpu_int4.CpuInt4A8Config()
+    assert a8.activation_bits == 8 and a8.get_name() == "cpu_int4_a8"
+    assert not a8.checkpoint_quantized
+    on_ckpt = cpu_int4.CpuInt4A8Config.from_config({"quant_method": "cpu_int4", "group_size": 64})
+    assert on_ckpt.activation_bits == 8 and on_ckpt.group_size == 64 and on_ckpt.checkpoint_quantized
+    over = cpu_int4.CpuInt4A8Config.override_quantization_method
+    assert over({"quant_method": "cpu_int4"}, "cpu_int4_a8") == "cpu_int4_a8"
+    assert over({"quant_method": "cpu_int4"}, "cpu_int4") is None
+    assert over({"quant_method": "awq"}, "cpu_int4_a8") is None
+    assert "activation_bits=8" in repr(a8)
+
+
+def test_apply_passes_activation_bits_to_the_op(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.ops.vllm_omni, "cpu_int4_linear",
+                        lambda *a: calls.append(a) or a[0], raising=False)
+    layer = torch.nn.Module()
+    layer.cpu_int4 = type("S", (), {"dense": False})()
+    setattr(layer, cpu_int4.PACK, torch.zeros(1))
+    setattr(layer, cpu_int4.SCALES_ZEROS, torch.zeros(1))
+    for cfg, bits in ((cpu_int4.CpuInt4Config(), 16), (cpu_int4.CpuInt4A8Config(), 8)):
+        cpu_int4.CpuInt4LinearMethod(cfg, "model.layers.0.mlp.down_proj").apply(
+            layer, torch.zeros(2, 4))
+        assert calls[-1][-1] == bits
 
 
 def test_partly_ignored_fused_layer_is_rejected():
@@ -159,6 +197,7 @@ def test_register_is_idempotent_and_uses_weight_loader_v2():
     cpu_int4.register()
     assert cpu_int4.is_registered()
     assert get_quantization_config("cpu_int4") is cpu_int4.CpuInt4Config
+    assert get_quantization_config("cpu_int4_a8") is cpu_int4.CpuInt4A8Config
     assert linear.WEIGHT_LOADER_V2_SUPPORTED.count("CpuInt4LinearMethod") == 1
 
 

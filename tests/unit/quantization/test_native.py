@@ -175,6 +175,62 @@ def test_gemm_is_the_fixed_point_product(name):
     assert (y - fixed).abs().max() <= fixed.abs().max() * 2 ** -8
 
 
+def _w4a8_reference(x, qw, group_size):
+    """W4A8 in float64 (csrc/int4_base.h): the products on x rounded to int8 per group
+    (round(x * 127 / max|x|)), the zeros on x's own sum."""
+    xg = x.double().reshape(x.shape[0], -1, group_size)
+    amax = xg.abs().amax(-1, keepdim=True)
+    codes = torch.where(amax > 0, torch.round(xg * 127 / amax.clamp_min(1e-300)), 0.0)
+    xq = (codes * amax / 127).reshape(x.shape)
+    scale = qw.scale.double().repeat_interleave(group_size, -1)
+    zero = qw.zero.double().repeat_interleave(group_size, -1)
+    q = grid.dequantize(qw, torch.float32).double()
+    codes_w = (q - zero) / scale  # (q - 8), exact enough in float64
+    return xq @ (codes_w * scale).t() + x.double() @ zero.t()
+
+
+W4A8_SHAPES = [(192, 512, 128, 7), (208, 96, 32, 13), (240, 4864, 128, 128), (9728, 896, 128, 40),
+               (192, 512, 64, 600)]
+
+
+@pytest.mark.parametrize("n,k,group_size,rows", W4A8_SHAPES)
+def test_w4a8_gives_the_same_bits_on_every_set_and_in_both_ops(n, k, group_size, rows):
+    """activation_bits 8: one arithmetic again. The avx512 set takes its own kernels (8-bit
+    products, four to an instruction), the others the 15-bit kernels on the same codes; the GEMM
+    gives every row the GEMV's bits (600 rows: three passes), every set the same bits."""
+    packed, sz, _ = _layer(group_size, n=n, k=k)
+    x = _x(rows, n, k)
+    x[0, ::5] *= 1e-4
+    want = None
+    for name in SETS:
+        ops = native.ops(name)
+        y = ops.int4_gemm(x, packed, sz, group_size, 8)
+        assert torch.equal(y, ops.int4_gemv(x, packed, sz, group_size, 8)), name
+        assert torch.equal(y[-1:], ops.int4_gemm(x[-1:], packed, sz, group_size, 8)), name
+        want = y if want is None else want
+        assert torch.equal(y, want), f"{name} differs from {SETS[0]}"
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_w4a8_rounds_x_to_int8_and_only_that(name):
+    """Within 2^-8 of the largest output of the exact W4A8 product (x to int8 per group, the
+    zeros on x's own sum), and not the 15-bit result: the switch is not ignored."""
+    w = torch.randn(N, K, generator=torch.Generator().manual_seed(5)).bfloat16()
+    qw = grid.quantize(w, 128)
+    packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)
+    x = _x(9, 12)
+    x[2, 7] = 30.0
+    ops = native.ops(name)
+    for mul in (ops.int4_gemv, ops.int4_gemm):
+        y = mul(x, packed, sz, 128, 8).double()
+        ref = _w4a8_reference(x, qw, 128)
+        assert (y - ref).abs().max() <= ref.abs().max() * 2 ** -8
+        a16 = mul(x, packed, sz, 128, 16).double()
+        assert (y - a16).abs().max() > ref.abs().max() * 2 ** -10
+    with pytest.raises(RuntimeError, match="activation_bits must be 16 or 8, got 4"):
+        ops.int4_gemv(x, packed, sz, 128, 4)
+
+
 @pytest.mark.parametrize("name", SETS)
 @pytest.mark.parametrize("group_size", grid.GROUP_SIZES)
 @pytest.mark.parametrize("n", [N, 208])
@@ -280,6 +336,23 @@ def test_native_op_equals_its_python_twin(rows, threshold, n, monkeypatch):
         ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz) + bias
         assert torch.equal(slow, ref)
     assert (fast.float() - slow.float()).abs().max() <= slow.float().abs().max() * 2 ** -6
+
+
+@needs_native
+@pytest.mark.parametrize("rows,threshold", [(1, 16), (70, 0)])
+def test_w4a8_op_equals_its_kernels_and_the_python_path(rows, threshold, monkeypatch):
+    op = int4_linear.op()
+    packed, sz, _ = _layer(64, n=208)
+    x = torch.randn(rows, K).bfloat16()
+    bias = torch.randn(208).bfloat16()
+    fast = op(x, packed, sz, 64, threshold, bias, 8)
+    assert torch.equal(fast, _python_op(x, packed, sz, 64, threshold, bias, 8))
+    assert torch.equal(fast, native.ops().int4_gemv(x, packed, sz, 64, 8) + bias)
+    slow = _python_op(x, packed, sz, 64, threshold, bias, 8, native_ok=False,
+                      monkeypatch=monkeypatch)
+    assert (fast.float() - slow.float()).abs().max() <= slow.float().abs().max() * 2 ** -6
+    a16 = op(x, packed, sz, 64, threshold, bias)
+    assert not torch.equal(fast, a16)
 
 
 @needs_native

@@ -98,6 +98,12 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
   }
 }
 
+// W4A8's x: the scalar definition (x's codes are a small part of a GEMM's time).
+inline void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
+                         float* step, int32_t* csum, float* xsum) {
+  fixed_point8_scalar(x, K, gs, hi, lo, step, csum, xsum);
+}
+
 // Which int32 accumulator (8 rows each, in row order) the half `h` of int16 sum `i` widens into:
 // sum 0 holds rows 0..7 | 16..23, 1: 8..15 | 24..31, 2: 32..39 | 48..55, 3: 40..47 | 56..63.
 constexpr int row_group(int i, int h) { return (i / 2) * 4 + (i % 2) + 2 * h; }

@@ -96,7 +96,39 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
   }
 }
 
-template <int M, int Hint>
+// W4A8's x (int4_base.h): c in -127..127 as hi, lo = 0.
+void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
+                  float* step, int32_t* csum, float* xsum) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t g = 0; g < K / gs; ++g) {
+    __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      const __m512 v = bf16x16_to_fp32(x + k);
+      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign));
+      sum = _mm512_add_ps(sum, v);
+    }
+    const float top = _mm512_reduce_max_ps(amax);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum);
+    xsum[g] = reduce16(lanes);
+    step[g] = top / kInt8Steps;
+    const __m512 inv = _mm512_set1_ps(top > 0 ? kInt8Max / top : 0.0f);
+    const __m512i bound = _mm512_set1_epi32(kInt8Max), nbound = _mm512_set1_epi32(-kInt8Max);
+    __m512i codes = _mm512_setzero_si512();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
+      c = _mm512_max_epi32(_mm512_min_epi32(c, bound), nbound);
+      codes = _mm512_add_epi32(codes, c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k), _mm512_cvtepi32_epi8(c));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k), _mm_setzero_si128());
+    }
+    csum[g] = 128 * _mm512_reduce_add_epi32(codes);
+  }
+}
+
+// A8: x is W4A8's int8 codes (lo = 0), so one vpdpbusd a register of codes, not two, and
+// dot = 128 * sum q * c - 8 * csum (csum already 128 * sum c).
+template <int M, int Hint, bool A8 = false>
 void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0, int64_t K,
                 int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out, int64_t ldo) {
   const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
@@ -110,6 +142,7 @@ void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64
     __m512i ah[M][4], al[M][4];  // sum q * hi and sum q * lo, rows 16i .. 16i + 15
     for (int m = 0; m < M; ++m)
       for (int i = 0; i < 4; ++i) ah[m][i] = al[m][i] = _mm512_setzero_si512();
+    (void)al;
     const uint8_t* p = w + g * gs * 32;
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 4, p += 128) {
       _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, static_cast<_mm_hint>(Hint));
@@ -123,11 +156,12 @@ void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64
       for (int m = 0; m < M; ++m) {
         int32_t h, l;
         std::memcpy(&h, fx.hi.data() + (m0 + m) * K + k, sizeof(h));
-        std::memcpy(&l, fx.lo.data() + (m0 + m) * K + k, sizeof(l));
-        const __m512i xh = _mm512_set1_epi32(h), xl = _mm512_set1_epi32(l);
-        for (int i = 0; i < 4; ++i) {
-          ah[m][i] = _mm512_dpbusd_epi32(ah[m][i], q[i], xh);
-          al[m][i] = _mm512_dpbusd_epi32(al[m][i], q[i], xl);
+        const __m512i xh = _mm512_set1_epi32(h);
+        for (int i = 0; i < 4; ++i) ah[m][i] = _mm512_dpbusd_epi32(ah[m][i], q[i], xh);
+        if constexpr (!A8) {
+          std::memcpy(&l, fx.lo.data() + (m0 + m) * K + k, sizeof(l));
+          const __m512i xl = _mm512_set1_epi32(l);
+          for (int i = 0; i < 4; ++i) al[m][i] = _mm512_dpbusd_epi32(al[m][i], q[i], xl);
         }
       }
     }
@@ -138,9 +172,9 @@ void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64
       load_scale_zero(s + i * 32, &scale, &zero);
       for (int m = 0; m < M; ++m) {
         const int64_t mg = (m0 + m) * G + g;
-        const __m512i dot = _mm512_sub_epi32(
-            _mm512_add_epi32(_mm512_slli_epi32(ah[m][i], 7), al[m][i]),
-            _mm512_set1_epi32(8 * fx.csum[mg]));
+        const __m512i sum = A8 ? _mm512_slli_epi32(ah[m][i], 7)
+                               : _mm512_add_epi32(_mm512_slli_epi32(ah[m][i], 7), al[m][i]);
+        const __m512i dot = _mm512_sub_epi32(sum, _mm512_set1_epi32(8 * fx.csum[mg]));
         o[m][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                   _mm512_mul_ps(scale, _mm512_set1_ps(fx.step[mg])), o[m][i]);
         o[m][i] = _mm512_fmadd_ps(zero, _mm512_set1_ps(fx.xsum[mg]), o[m][i]);
@@ -162,6 +196,19 @@ void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total
     block_vnni<2, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
   else
     block_vnni<1, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+}
+
+#define OMNI_A8_KERNELS 1
+
+template <int Hint>
+void block64_a8(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
+                int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
+                int64_t ldo) {
+  constexpr int kHint = Hint ? _MM_HINT_NTA : _MM_HINT_T1;
+  if (rows == 2)
+    block_vnni<2, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else
+    block_vnni<1, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
 }
 
 // One group of W^T for a full block: gs rows of 64 contiguous bf16, `ld` apart. p: the group's
@@ -224,14 +271,16 @@ inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
 constexpr int kTileRows = 6;  // 24 accumulators + 4 registers of codes + the broadcast
 
 // The float finishing of one group for row r of a tile, 64 outputs in 4 accumulators that
-// started at -8 * csum (so they hold sum (q - 8) * c). Inlined: a call would take the
-// accumulators through memory.
+// started at -8 * csum (so they hold sum (q - 8) * c; W4A8's, Shift 7: that sum over 128).
+// Inlined: a call would take the accumulators through memory.
+template <int Shift = 0>
 __attribute__((always_inline)) inline void finish_row(const GemmGroup& gg, const GemmRows& x,
                                                       int r, const __m512i (&acc)[4], float* o) {
   const __m512 step = _mm512_set1_ps(x.step[r * x.ldm]), xsum = _mm512_set1_ps(x.xsum[r * x.ldm]);
   for (int i = 0; i < 4; ++i) {
     float* y = o + r * kBlockN + 16 * i;
-    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]),
+    const __m512i dot = Shift ? _mm512_slli_epi32(acc[i], Shift) : acc[i];
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                _mm512_mul_ps(_mm512_load_ps(gg.sc + 16 * i), step),
                                _mm512_loadu_ps(y));
     v = _mm512_fmadd_ps(_mm512_load_ps(gg.ze + 16 * i), xsum, v);
@@ -268,6 +317,66 @@ void tile_vnni(const GemmGroup& gg, const GemmRows& x, float* o) {
 #undef OMNI_ACC
 #undef OMNI_ROW
 #undef OMNI_FINISH
+}
+
+// ---- W4A8's GEMM: vpdpbusd multiplies 16 dwords of 4 codes (q[4kq] .. q[4kq+3] of one output)
+// by one row's broadcast 4 int8 codes of x: 64 multiply-adds an instruction, twice vpdpwssd's.
+// The quads are what the GEMV's vpermt2b gives (rows 0..15, 16..31, 32..47, 48..63).
+inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb) {
+  const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
+  const __m512i index_hi = _mm512_load_si512(kRowsHi.bytes);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t kq = 0; kq < gs / 4; ++kq, p += 128, qb += kBlockN) {
+    const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
+    const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);  // rows 0..15 | 32..47
+    const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);  // 16..31 | 48..63
+    _mm512_storeu_si512(qb, _mm512_and_si512(rows_lo, nibble));
+    _mm512_storeu_si512(qb + 16, _mm512_and_si512(rows_hi, nibble));
+    _mm512_storeu_si512(qb + 32, _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble));
+    _mm512_storeu_si512(qb + 48, _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble));
+  }
+}
+
+// R rows x 64 outputs, as tile_vnni: the accumulators start at -8 * sum c and end at
+// sum (q - 8) * c, which times 128 is the 15-bit form's sum that finish_row takes.
+template <int R>
+void tile_quads(const GemmGroup& gg, const GemmRows& x, float* o) {
+  const int32_t* qb = gg.qb;
+#define OMNI_ROW(r)                                                         \
+  if constexpr (R > r) {                                                    \
+    const __m512i c = _mm512_set1_epi32(c4[r]);                              \
+    acc##r##0 = _mm512_dpbusd_epi32(acc##r##0, q0, c);                      \
+    acc##r##1 = _mm512_dpbusd_epi32(acc##r##1, q1, c);                      \
+    acc##r##2 = _mm512_dpbusd_epi32(acc##r##2, q2, c);                      \
+    acc##r##3 = _mm512_dpbusd_epi32(acc##r##3, q3, c);                      \
+  }
+#define OMNI_ACC(r)                                                                       \
+  __m512i acc##r##0 = _mm512_set1_epi32(R > r ? -8 * (x.csum[r * x.ldm] / 128) : 0),      \
+          acc##r##1 = acc##r##0, acc##r##2 = acc##r##0, acc##r##3 = acc##r##0;
+  OMNI_ACC(0) OMNI_ACC(1) OMNI_ACC(2) OMNI_ACC(3) OMNI_ACC(4) OMNI_ACC(5)
+  const int32_t* c4 = x.c2;  // row r's quad kq at c4[kq * kTileRows + r]
+  for (int64_t kq = 0; kq < gg.kpairs; ++kq, qb += kBlockN, c4 += kTileRows) {
+    const __m512i q0 = _mm512_loadu_si512(qb), q1 = _mm512_loadu_si512(qb + 16);
+    const __m512i q2 = _mm512_loadu_si512(qb + 32), q3 = _mm512_loadu_si512(qb + 48);
+    OMNI_ROW(0) OMNI_ROW(1) OMNI_ROW(2) OMNI_ROW(3) OMNI_ROW(4) OMNI_ROW(5)
+  }
+#define OMNI_FINISH(r) \
+  if constexpr (R > r) finish_row<7>(gg, x, r, {acc##r##0, acc##r##1, acc##r##2, acc##r##3}, o);
+  OMNI_FINISH(0) OMNI_FINISH(1) OMNI_FINISH(2) OMNI_FINISH(3) OMNI_FINISH(4) OMNI_FINISH(5)
+#undef OMNI_ACC
+#undef OMNI_ROW
+#undef OMNI_FINISH
+}
+
+inline void tile8(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
+  switch (rows) {
+    case 6: return tile_quads<6>(gg, x, o);
+    case 5: return tile_quads<5>(gg, x, o);
+    case 4: return tile_quads<4>(gg, x, o);
+    case 3: return tile_quads<3>(gg, x, o);
+    case 2: return tile_quads<2>(gg, x, o);
+    default: return tile_quads<1>(gg, x, o);
+  }
 }
 
 // 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.

@@ -15,6 +15,14 @@
 //   order) reduced as 8 + 8, 4 + 4, then (0 + 2) + (1 + 3): the order of AVX-512's
 //   _mm512_reduce_add_ps, which every set reproduces. c's rounding is at most 2^-15 of the
 //   group's largest |x|, 64 times below bf16's own rounding of that element.
+// W4A8 (activation_bits 8, opt-in): x goes in as int8 per group instead, c = round(x * 127 /
+//   max|x|) in -127..127, and is then written in the 15-bit form above as 128 * c (hi = c,
+//   lo = 0) with step = max|x| / 16256 (127 * 128), so dot, its finishing and the bf16 output
+//   are the 15-bit arithmetic applied to those codes: every kernel reads them as it reads
+//   15-bit ones and gives the same bits, and a kernel of 8-bit products only (vpdpbusd on c
+//   alone: twice the multiply-adds an instruction) gives them too, shifting its sum by 7 bits.
+//   c's rounding is up to 2^-8 of the group's largest |x|: the accuracy that costs is measured
+//   by the quality sweep (docs/quality.md), which is why it is not the default.
 // The dequantization (prefill) is fma(q - 8, scale, zero) rounded to bf16, also the same bits
 // on every set and in Python (the product is exact in fp32).
 //
@@ -40,6 +48,8 @@ namespace omni {
 
 constexpr int kBlockN = 64;
 constexpr int kFixedMax = 16383;
+constexpr int kInt8Max = 127;
+constexpr float kInt8Steps = 127.0f * 128.0f;  // W4A8's codes as 15-bit ones: 128 * c
 
 // x of M rows in fixed point: hi, lo (K bytes per row), and per row and group the step, the
 // code sum and the fp32 sum of x.
@@ -84,6 +94,31 @@ inline void fixed_point_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int
       lo[k] = static_cast<int8_t>(c & 127);
     }
     csum[g] = codes;
+  }
+}
+
+// W4A8's x (see the top of this file): c in -127..127 as hi, lo = 0, step and code sum of 128 * c.
+inline void fixed_point8_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi,
+                                int8_t* lo, float* step, int32_t* csum, float* xsum) {
+  for (int64_t g = 0; g < K / gs; ++g) {
+    float amax = 0.0f, lanes[16] = {};
+    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+      const float v = bf16_to_float(x[k]);
+      amax = std::max(amax, std::fabs(v));
+      lanes[(k - g * gs) % 16] += v;
+    }
+    xsum[g] = reduce16(lanes);
+    step[g] = amax / kInt8Steps;
+    const float inv = amax > 0 ? kInt8Max / amax : 0.0f;
+    int32_t codes = 0;
+    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+      int32_t c = static_cast<int32_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
+      c = std::min(kInt8Max, std::max(-kInt8Max, c));
+      codes += c;
+      hi[k] = static_cast<int8_t>(c);
+      lo[k] = 0;
+    }
+    csum[g] = 128 * codes;
   }
 }
 
@@ -173,7 +208,7 @@ inline void unpack_scalar(const uint8_t* p, int64_t gs, int32_t* qb) {
 // fp32 (sc[j], ze[j] for the block's row j).
 struct GemmGroup {
   const int32_t* qb;
-  int64_t kpairs;
+  int64_t kpairs;  // dwords of codes per output row: gs / 2 (pairs), gs / 4 (W4A8's quads)
   const float* sc;
   const float* ze;
 };

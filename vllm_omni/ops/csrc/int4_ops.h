@@ -3,6 +3,7 @@
 //   kName                       the set's name ("avx512", "avx2", "portable")
 //   kRows                       rows of x per pass over a block
 //   fixed_point(...)            omni::fixed_point_scalar's bits, vectorised
+//   fixed_point8(...)           omni::fixed_point8_scalar's bits (W4A8's x), vectorised or not
 //   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
 //                               L2, 1 = non-temporal; a set may ignore it)
 //   dequant64(...)              one group of W^T for one full block
@@ -14,10 +15,19 @@
 //   argmax(row, n)              per row of bf16 / fp32 logits (see greedy_argmax)
 // and OMNI_NS, the torch.ops namespace of this library (vllm_omni_<set>). Every set's library can
 // be loaded into one process (each has its own namespace): tests compare them bit for bit.
+// A set with kernels of 8-bit products for W4A8 defines OMNI_A8_KERNELS and
+//   block64_a8<Hint>(...)        block64 for W4A8's x (reads hi only)
+//   unpack64_quads(p, gs, qb)    one group of a full block as dwords of 4 codes: qb[kq * 64 + j]
+//                                holds row j's codes of k = 4kq .. 4kq + 3, a byte each
+//   tile8(rows, group, x, o)     the GEMM tile on those quads and x's int8 codes in quads
+//                                (GemmRows::c2 then holds 4 codes of a row a dword)
+// Without them W4A8 runs on the 15-bit kernels, whose arithmetic its codes are written in.
 //
-// OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size): y = x @ W^T for a few rows of x.
-// OMNI_NS::int4_gemm(x, packed, scales_zeros, group_size): y = x @ W^T for many rows of x, with
-//   the GEMV's arithmetic: row r of y has the bits int4_gemv gives for row r alone.
+// OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size, activation_bits=16): y = x @ W^T for
+//   a few rows of x; activation_bits 8: W4A8 (int4_base.h).
+// OMNI_NS::int4_gemm(x, packed, scales_zeros, group_size, activation_bits=16): y = x @ W^T for
+//   many rows of x, with the GEMV's arithmetic: row r of y has the bits int4_gemv gives for
+//   row r alone (at the same activation_bits).
 // OMNI_NS::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): bf16 W^T
 //   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
 // OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
@@ -60,21 +70,35 @@ void check_pack(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_
   TORCH_CHECK(packed.numel() == N * K / 2, "packed must hold N * K / 2 bytes");
 }
 
+bool is_a8(int64_t activation_bits) {
+  TORCH_CHECK(activation_bits == 16 || activation_bits == 8,
+              "activation_bits must be 16 or 8, got ", activation_bits);
+  return activation_bits == 8;
+}
+
+// Row m of x in fixed point (15-bit, or W4A8's codes).
+inline void fixed_row(const at::BFloat16* xin, int64_t m, int64_t K, int64_t G, int64_t gs,
+                      bool a8, FixedX& fx) {
+  auto* f = a8 ? &isa::fixed_point8 : &isa::fixed_point;
+  f(xin + m * K, K, gs, fx.hi.data() + m * K, fx.lo.data() + m * K, fx.step.data() + m * G,
+    fx.csum.data() + m * G, fx.xsum.data() + m * G);
+}
+
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
-                     const at::Tensor& scales_zeros, int64_t group_size) {
+                     const at::Tensor& scales_zeros, int64_t group_size,
+                     int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   const int64_t G = scales_zeros.size(0);
   check_pack(packed, scales_zeros, K, group_size);
+  const bool a8 = is_a8(activation_bits);
   const at::Tensor xc = x.contiguous();
   const at::BFloat16* xin = xc.data_ptr<at::BFloat16>();
   // x in fixed point once, before the threads start.
   FixedX fx;
   fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
       fx.csum.resize(M * G);
-  for (int64_t m = 0; m < M; ++m)
-    isa::fixed_point(xin + m * K, K, group_size, fx.hi.data() + m * K, fx.lo.data() + m * K,
-                     fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
+  for (int64_t m = 0; m < M; ++m) fixed_row(xin, m, K, G, group_size, a8, fx);
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
@@ -88,6 +112,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
         const int rows = static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
         if (b == full)
           block_scalar(rows, wb, tail, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+#ifdef OMNI_A8_KERNELS
+        else if (a8 && nta)
+          isa::block64_a8<1>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+        else if (a8)
+          isa::block64_a8<0>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
+#endif
         else if (nta)
           isa::block64<1>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
         else
@@ -99,14 +129,12 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
 }
 
 // x in fixed point, rows spread over the threads.
-FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs) {
+FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs, bool a8) {
   FixedX fx;
   fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
       fx.csum.resize(M * G);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      isa::fixed_point(xin + m * K, K, gs, fx.hi.data() + m * K, fx.lo.data() + m * K,
-                       fx.step.data() + m * G, fx.csum.data() + m * G, fx.xsum.data() + m * G);
+    for (int64_t m = m0; m < m1; ++m) fixed_row(xin, m, K, G, gs, a8, fx);
   });
   return fx;
 }
@@ -125,21 +153,39 @@ int64_t gemm_chunk_rows(int64_t M) {
   return ((M + passes - 1) / passes + R - 1) / R * R;
 }
 
+// Row m's W4A8 codes as quads, c4[kq * ld] = c[4kq .. 4kq + 3] (a byte each), as code_pairs_row.
+inline void code_quads_row(const int8_t* c, int64_t K, int64_t ld, int32_t* c4) {
+  for (int64_t kq = 0; kq < K / 4; ++kq) std::memcpy(c4 + kq * ld, c + 4 * kq, 4);
+}
+
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
-                     const at::Tensor& scales_zeros, int64_t group_size) {
+                     const at::Tensor& scales_zeros, int64_t group_size,
+                     int64_t activation_bits) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x: bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   const int64_t G = scales_zeros.size(0), gs = group_size;
   check_pack(packed, scales_zeros, K, group_size);
+  const bool a8 = is_a8(activation_bits);
+#ifdef OMNI_A8_KERNELS
+  const bool quads = a8;  // 8-bit products: 4 k a dword of codes and of x
+#else
+  const bool quads = false;
+#endif
+  const int64_t per = quads ? 4 : 2;  // k per dword
   const at::Tensor xc = x.contiguous();
-  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs);
-  // x's code pairs, tile by tile (the last tile's missing rows stay zero and are never read)
+  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs, a8);
+  // x's codes, pairs or quads, tile by tile (the last tile's missing rows stay zero and are
+  // never read)
   constexpr int64_t R = isa::kTileRows;
-  std::vector<int32_t> c2((M + R - 1) / R * R * K / 2);
+  std::vector<int32_t> c2((M + R - 1) / R * R * K / per);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      code_pairs_row(fx.hi.data() + m * K, fx.lo.data() + m * K, K, R,
-                     c2.data() + m / R * R * K / 2 + m % R);
+    for (int64_t m = m0; m < m1; ++m) {
+      int32_t* dst = c2.data() + m / R * R * K / per + m % R;
+      if (quads)
+        code_quads_row(fx.hi.data() + m * K, K, R, dst);
+      else
+        code_pairs_row(fx.hi.data() + m * K, fx.lo.data() + m * K, K, R, dst);
+    }
   });
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
@@ -148,7 +194,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   const int64_t full = N / kBlockN, tail = N % kBlockN;
   const int64_t chunk = gemm_chunk_rows(M);
   at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
-    std::vector<int32_t> qb(gs / 2 * kBlockN);
+    std::vector<int32_t> qb(gs / 2 * kBlockN);  // pairs: gs / 2 dwords a row; quads: half
     std::vector<float> o(std::min(M, chunk) * kBlockN);
     alignas(64) float sc[kBlockN], ze[kBlockN];
     for (int64_t b = b0; b < b1; ++b) {
@@ -162,17 +208,29 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
         const int64_t rows = std::min(chunk, M - m0);
         std::fill(o.begin(), o.begin() + rows * kBlockN, 0.0f);
         for (int64_t g = 0; g < G; ++g) {
-          isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
+#ifdef OMNI_A8_KERNELS
+          if (quads)
+            isa::unpack64_quads(wb + g * gs * kBlockN / 2, gs, qb.data());
+          else
+#endif
+            isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
           const at::BFloat16* s = sz + (g * N + n0) * 2;
           for (int j = 0; j < kBlockN; ++j)
             sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
-          const GemmGroup gg{qb.data(), gs / 2, sc, ze};
+          const GemmGroup gg{qb.data(), gs / per, sc, ze};
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
-            const GemmRows xr{c2.data() + r * K / 2 + g * gs / 2 * R, R, fx.step.data() + r * G + g,
-                              fx.csum.data() + r * G + g, fx.xsum.data() + r * G + g, G};
-            isa::tile(static_cast<int>(std::min<int64_t>(isa::kTileRows, rows - t)), gg, xr,
-                      o.data() + t * kBlockN);
+            const GemmRows xr{c2.data() + r * K / per + g * gs / per * R, R,
+                              fx.step.data() + r * G + g, fx.csum.data() + r * G + g,
+                              fx.xsum.data() + r * G + g, G};
+            const int tr = static_cast<int>(std::min<int64_t>(isa::kTileRows, rows - t));
+#ifdef OMNI_A8_KERNELS
+            if (quads) {
+              isa::tile8(tr, gg, xr, o.data() + t * kBlockN);
+              continue;
+            }
+#endif
+            isa::tile(tr, gg, xr, o.data() + t * kBlockN);
           }
         }
         for (int64_t m = 0; m < rows; ++m)
@@ -225,15 +283,17 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
 
 at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
                            const at::Tensor& scales_zeros, int64_t group_size,
-                           int64_t row_threshold, const std::optional<at::Tensor>& bias) {
+                           int64_t row_threshold, const std::optional<at::Tensor>& bias,
+                           int64_t activation_bits) {
   const int64_t K = x.size(-1), N = scales_zeros.size(1);
   at::Tensor x2 = x.reshape({-1, K});
   if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
   x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
   // Both branches give the same bits (int4_base.h); the threshold chooses only the speed.
-  at::Tensor y = rows < row_threshold ? int4_gemv(x2, packed, scales_zeros, group_size)
-                                      : int4_gemm(x2, packed, scales_zeros, group_size);
+  at::Tensor y = rows < row_threshold
+                     ? int4_gemv(x2, packed, scales_zeros, group_size, activation_bits)
+                     : int4_gemm(x2, packed, scales_zeros, group_size, activation_bits);
   if (bias.has_value()) y = y + bias->to(y.scalar_type());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(N);
@@ -313,8 +373,12 @@ void register_kernels() {
 }  // namespace omni
 
 OMNI_LIBRARY(OMNI_NS, m) {
-  m.def("int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
-  m.def("int4_gemm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.def(
+      "int4_gemv(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, "
+      "int activation_bits=16) -> Tensor");
+  m.def(
+      "int4_gemm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size, "
+      "int activation_bits=16) -> Tensor");
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");

@@ -15,6 +15,11 @@ inline void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi
   fixed_point_scalar(x, K, gs, hi, lo, step, csum, xsum);
 }
 
+inline void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
+                         float* step, int32_t* csum, float* xsum) {
+  fixed_point8_scalar(x, K, gs, hi, lo, step, csum, xsum);
+}
+
 template <int Hint>
 void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
              int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
