@@ -98,10 +98,41 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
   }
 }
 
-// W4A8's x: the scalar definition (x's codes are a small part of a GEMM's time).
-inline void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
-                         float* step, int32_t* csum, float* xsum) {
-  fixed_point8_scalar(x, K, gs, hi, lo, step, csum, xsum);
+// W4A8's x (int4_base.h): fixed_point8_scalar's bits, the sums as fixed_point's.
+void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
+                  float* step, int32_t* csum, float* xsum) {
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t g = 0; g < K / gs; ++g) {
+    __m256 amax = _mm256_setzero_ps(), s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
+      const __m256 v0 = bf16x8_to_fp32(x + k), v1 = bf16x8_to_fp32(x + k + 8);
+      amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_and_ps(v0, sign), _mm256_and_ps(v1, sign)));
+      s0 = _mm256_add_ps(s0, v0);
+      s1 = _mm256_add_ps(s1, v1);
+    }
+    const float top = hmax(amax);
+    alignas(32) float lanes[16];
+    _mm256_store_ps(lanes, s0);
+    _mm256_store_ps(lanes + 8, s1);
+    xsum[g] = reduce16(lanes);
+    step[g] = top / kInt8Steps;
+    const __m256 inv = _mm256_set1_ps(top > 0 ? kInt8Max / top : 0.0f);
+    const __m256i bound = _mm256_set1_epi32(kInt8Max), nbound = _mm256_set1_epi32(-kInt8Max);
+    __m256i codes = _mm256_setzero_si256();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 8) {
+      __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(bf16x8_to_fp32(x + k), inv));
+      c = _mm256_max_epi32(_mm256_min_epi32(c, bound), nbound);
+      codes = _mm256_add_epi32(codes, c);
+      // c in -127..127 passes the saturating packs unchanged: per 128-bit lane 4 k's bytes
+      const __m256i words = _mm256_packs_epi32(c, c);
+      const __m256i bytes = _mm256_packs_epi16(words, words);
+      const int32_t c0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(bytes));
+      const int32_t c1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1));
+      std::memcpy(hi + k, &c0, 4), std::memcpy(hi + k + 4, &c1, 4);
+      std::memset(lo + k, 0, 8);
+    }
+    csum[g] = 128 * hsum_epi32(codes);
+  }
 }
 
 // Which int32 accumulator (8 rows each, in row order) the half `h` of int16 sum `i` widens into:
