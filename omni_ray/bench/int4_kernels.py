@@ -10,7 +10,8 @@
    ``native-avx2``; the portable set is left out, it is scalar), the best set's with the other
    weight prefetch mode (non-temporal instead of into L2; ``set_weight_prefetch``), and again on
    a copy of the weights in vllm_omni's weight arena (``native-<set>-huge``: huge pages, where
-   the engine keeps them; the others read torch's allocations).
+   the engine keeps them; the others read torch's allocations), and there with W4A8's x
+   (``native-<set>-huge-a8``: cpu_int4_a8).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -78,6 +79,8 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
                                      lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
     kernels[f"native-{best}-huge"] = (best, "l2", huge,
                                       lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
+    kernels[f"native-{best}-huge-a8"] = (best, "l2", huge,
+                                         lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, 8))
     ms = {name: [] for name in kernels}
     try:
         for _ in range(passes + 1):  # the first pass warms up and is dropped
@@ -114,15 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="qwen2.5-0.5b")
     p.add_argument("--passes", type=int, default=5)
     p.add_argument("--out", default="results/int4_kernels/")
+    p.add_argument("--no-crossover", action="store_true", help="the weight stream only")
     a = p.parse_args(argv)
     shapes = layer_shapes(get_shape(a.shape))
     body = {"shape": a.shape, "group_size": GROUP_SIZE, "stream": stream(shapes, a.passes),
-            "crossover": crossover(shapes)}
+            "crossover": None if a.no_crossover else crossover(shapes)}
     path = save(a.out, "int4_kernels", body, [sys.executable, "-m", __spec__.name, *sys.argv[1:]])
     for name, k in body["stream"]["kernels"].items():
         print(f"{name:<16} {k['median_ms']:7.2f} ms per pass ({k['gb_s']:.1f} GB/s, "
               f"spread {k['spread_pct']:.1f} %)")
-    print(f"row_threshold: {body['crossover']['row_threshold']}  -> {path}")
+    if body["crossover"]:
+        print(f"row_threshold: {body['crossover']['row_threshold']}")
+    print(f"-> {path}")
     return 0
 
 

@@ -139,7 +139,8 @@ void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8
 // sum 0 holds rows 0..7 | 16..23, 1: 8..15 | 24..31, 2: 32..39 | 48..55, 3: 40..47 | 56..63.
 constexpr int row_group(int i, int h) { return (i / 2) * 4 + (i % 2) + 2 * h; }
 
-template <int Hint>
+// A8: x is W4A8's int8 codes (lo = 0): the lo products are left out.
+template <int Hint, bool A8 = false>
 void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
              int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
              int64_t ldo) {
@@ -168,20 +169,27 @@ void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total
                                 _mm256_and_si256(_mm256_srli_epi16(p1, 4), nibble)};
           int16_t h2, l2;
           std::memcpy(&h2, xh + k, sizeof(h2));
-          std::memcpy(&l2, xl + k, sizeof(l2));
-          const __m256i vh = _mm256_set1_epi16(h2), vl = _mm256_set1_epi16(l2);
-          for (int i = 0; i < 4; ++i) {
-            sh[i] = _mm256_add_epi16(sh[i], _mm256_maddubs_epi16(q[i], vh));
-            sl[i] = _mm256_add_epi16(sl[i], _mm256_maddubs_epi16(q[i], vl));
+          const __m256i vh = _mm256_set1_epi16(h2);
+          for (int i = 0; i < 4; ++i) sh[i] = _mm256_add_epi16(sh[i], _mm256_maddubs_epi16(q[i], vh));
+          if constexpr (!A8) {
+            std::memcpy(&l2, xl + k, sizeof(l2));
+            const __m256i vl = _mm256_set1_epi16(l2);
+            for (int i = 0; i < 4; ++i)
+              sl[i] = _mm256_add_epi16(sl[i], _mm256_maddubs_epi16(q[i], vl));
           }
         }
         for (int i = 0; i < 4; ++i)
           for (int h = 0; h < 2; ++h) {
             const __m128i hh = h ? _mm256_extracti128_si256(sh[i], 1) : _mm256_castsi256_si128(sh[i]);
-            const __m128i ll = h ? _mm256_extracti128_si256(sl[i], 1) : _mm256_castsi256_si128(sl[i]);
             __m256i& a = acc[row_group(i, h)];
-            a = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtepi16_epi32(hh), 7),
-                                                     _mm256_cvtepi16_epi32(ll)));
+            const __m256i hi7 = _mm256_slli_epi32(_mm256_cvtepi16_epi32(hh), 7);
+            if constexpr (A8) {
+              a = _mm256_add_epi32(a, hi7);
+            } else {
+              const __m128i ll =
+                  h ? _mm256_extracti128_si256(sl[i], 1) : _mm256_castsi256_si128(sl[i]);
+              a = _mm256_add_epi32(a, _mm256_add_epi32(hi7, _mm256_cvtepi16_epi32(ll)));
+            }
           }
       }
       const int64_t mg = (m0 + m) * G + g;
@@ -252,7 +260,9 @@ inline void unpack64(const uint8_t* p, int64_t gs, int32_t* qb) {
 
 constexpr int kTileRows = 2;
 
-// The float finishing of one group for row r and outputs h * 32 .. h * 32 + 31.
+// The float finishing of one group for row r and outputs h * 32 .. h * 32 + 31 (W4A8's, Shift 7:
+// the accumulators hold sum q * c, the 15-bit form's sum over 128).
+template <int Shift = 0>
 inline void finish_row32(const GemmGroup& gg, const GemmRows& x, int r, int h,
                          const __m256i (&acc)[4], float* o) {
   const __m256i bias = _mm256_set1_epi32(8 * x.csum[r * x.ldm]);
@@ -260,7 +270,8 @@ inline void finish_row32(const GemmGroup& gg, const GemmRows& x, int r, int h,
   for (int i = 0; i < 4; ++i) {
     const int j = 32 * h + 8 * i;
     float* y = o + r * kBlockN + j;
-    const __m256i dot = _mm256_sub_epi32(acc[i], bias);
+    const __m256i sum = Shift ? _mm256_slli_epi32(acc[i], Shift) : acc[i];
+    const __m256i dot = _mm256_sub_epi32(sum, bias);
     __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                _mm256_mul_ps(_mm256_load_ps(gg.sc + j), step), _mm256_loadu_ps(y));
     v = _mm256_fmadd_ps(_mm256_load_ps(gg.ze + j), xsum, v);
@@ -304,6 +315,89 @@ inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
     tile_madd<2>(gg, x, o);
   else
     tile_madd<1>(gg, x, o);
+}
+
+// ---- W4A8's GEMM: vpmaddubsw multiplies 8 dwords of 4 codes (one output's k = 4kq .. 4kq + 3)
+// by one row's broadcast 4 int8 codes of x into int16 pair sums (at most 2 * 15 * 127 = 3810),
+// two kq's are added in int16 (7620), then vpmaddwd by ones widens them into the int32
+// accumulators: 256 multiply-adds in 5 instructions a register, where the 15-bit tile takes 8.
+#define OMNI_A8_KERNELS 1
+
+template <int Hint>
+void block64_a8(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
+                int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
+                int64_t ldo) {
+  block64<Hint, true>(rows, w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+}
+
+// One group of a full block as dwords of 4 codes, qb[kq * 64 + j] (int4_ops.h): 4 k's 32 bytes
+// interleaved byte by byte, then by 16-bit pairs; AVX2 does both within 128-bit lanes, and the
+// lane swaps at the end put the rows in order.
+inline void quads16(__m256i a, __m256i b, __m256i c, __m256i d, int32_t* qb) {
+  const __m256i ab_lo = _mm256_unpacklo_epi8(a, b), ab_hi = _mm256_unpackhi_epi8(a, b);
+  const __m256i cd_lo = _mm256_unpacklo_epi8(c, d), cd_hi = _mm256_unpackhi_epi8(c, d);
+  const __m256i q0 = _mm256_unpacklo_epi16(ab_lo, cd_lo);  // rows 0..3 | 16..19
+  const __m256i q1 = _mm256_unpackhi_epi16(ab_lo, cd_lo);  // 4..7 | 20..23
+  const __m256i q2 = _mm256_unpacklo_epi16(ab_hi, cd_hi);  // 8..11 | 24..27
+  const __m256i q3 = _mm256_unpackhi_epi16(ab_hi, cd_hi);  // 12..15 | 28..31
+  auto* out = reinterpret_cast<__m256i*>(qb);
+  _mm256_storeu_si256(out, _mm256_permute2x128_si256(q0, q1, 0x20));      // rows 0..7
+  _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(q2, q3, 0x20));  // 8..15
+  _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(q0, q1, 0x31));  // 16..23
+  _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(q2, q3, 0x31));  // 24..31
+}
+
+inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t kq = 0; kq < gs / 4; ++kq, p += 128, qb += kBlockN) {
+    __m256i v[4];
+    for (int t = 0; t < 4; ++t) v[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
+    quads16(_mm256_and_si256(v[0], nibble), _mm256_and_si256(v[1], nibble),
+            _mm256_and_si256(v[2], nibble), _mm256_and_si256(v[3], nibble), qb);  // rows 0..31
+    quads16(_mm256_and_si256(_mm256_srli_epi16(v[0], 4), nibble),
+            _mm256_and_si256(_mm256_srli_epi16(v[1], 4), nibble),
+            _mm256_and_si256(_mm256_srli_epi16(v[2], 4), nibble),
+            _mm256_and_si256(_mm256_srli_epi16(v[3], 4), nibble), qb + 32);  // rows 32..63
+  }
+}
+
+// Named accumulators, as tile_madd. gg.kpairs: quads of k (gs / 4, even: gs >= 32).
+template <int R>
+void tile_quads(const GemmGroup& gg, const GemmRows& x, float* o) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a02 = a00, a03 = a00;
+    __m256i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    const int32_t* qb = gg.qb + 32 * h;
+    const int32_t* c4 = x.c2;  // row r's quad kq at c4[kq * kTileRows + r]
+    for (int64_t kq = 0; kq < gg.kpairs; kq += 2, qb += 2 * kBlockN, c4 += 2 * kTileRows) {
+      const auto* q = reinterpret_cast<const __m256i*>(qb);
+      const auto* n = reinterpret_cast<const __m256i*>(qb + kBlockN);  // kq + 1
+#define OMNI_SUM(acc, i, c, d)                                                                  \
+  acc = _mm256_add_epi32(                                                                     \
+      acc, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(_mm256_loadu_si256(q + i), c), \
+                                              _mm256_maddubs_epi16(_mm256_loadu_si256(n + i), d)), \
+                             ones));
+      const __m256i c0 = _mm256_set1_epi32(c4[0]), d0 = _mm256_set1_epi32(c4[kTileRows]);
+      OMNI_SUM(a00, 0, c0, d0) OMNI_SUM(a01, 1, c0, d0) OMNI_SUM(a02, 2, c0, d0)
+      OMNI_SUM(a03, 3, c0, d0)
+      if constexpr (R > 1) {
+        const __m256i c1 = _mm256_set1_epi32(c4[1]), d1 = _mm256_set1_epi32(c4[kTileRows + 1]);
+        OMNI_SUM(a10, 0, c1, d1) OMNI_SUM(a11, 1, c1, d1) OMNI_SUM(a12, 2, c1, d1)
+        OMNI_SUM(a13, 3, c1, d1)
+      }
+#undef OMNI_SUM
+    }
+    finish_row32<7>(gg, x, 0, h, {a00, a01, a02, a03}, o);
+    if constexpr (R > 1) finish_row32<7>(gg, x, 1, h, {a10, a11, a12, a13}, o);
+  }
+}
+
+inline void tile8(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
+  if (rows == 2)
+    tile_quads<2>(gg, x, o);
+  else
+    tile_quads<1>(gg, x, o);
 }
 
 // 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
