@@ -236,8 +236,8 @@ def test_w4a8_reads_the_checkpoint_and_quantizes_at_load_alike(work, int4, a8):
 
 @pytest.mark.parametrize("kernel_set", _other_sets())
 def test_w4a8_every_kernel_set_generates_the_same_tokens(work, a8, kernel_set):
-    """W4A8 takes its own 8-bit kernels on avx512 and the 15-bit ones elsewhere: bit for bit the
-    same logits and tokens either way."""
+    """W4A8 takes 8-bit kernels of its own on avx512 and avx2, the 15-bit ones on portable: bit
+    for bit the same logits and tokens on each."""
     import torch
 
     tmp, _, dst = work

@@ -10,7 +10,7 @@ values, no Python per call). Otherwise the Python function here is the kernel: d
 (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
 rounding). ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group
-before the products, which the avx512 set then takes four to an instruction; the Python kernels
+before the products, which the avx512 and avx2 sets take four at a time; the Python kernels
 round x the same way (to bf16 afterwards) and multiply as above. Being one opaque op,
 the branch on the row count is taken at run time and never becomes a torch.compile guard;
 ``group_size``, ``row_threshold`` and ``activation_bits`` are arguments, so they are constants of
@@ -40,13 +40,14 @@ ACTIVATION_BITS = (16, 8)
 
 
 def int8_activations(x: torch.Tensor, group_size: int) -> torch.Tensor:
-    """x [M, K] rounded as W4A8 rounds it, per group of ``group_size``: round(x * 127 / max|x|)
-    (clamped to +-127) times max|x| / 127, in bf16."""
+    """x [M, K] rounded as W4A8 rounds it, per group of ``group_size``: round(x / step) times
+    step = max|x| / 127, in bf16 (a divide, not the kernels' multiply by 127 / max|x|, which a
+    max|x| under ~4e-37 would take to infinity; the ties may round otherwise)."""
     xg = x.float().reshape(x.shape[0], -1, group_size)
     amax = xg.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    codes = torch.round(xg * inv).clamp_(-127, 127)
-    return (codes * (amax / 127.0)).reshape(x.shape).to(torch.bfloat16)
+    step = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    codes = torch.round(xg / step).clamp_(-127, 127)
+    return (codes * step).reshape(x.shape).to(torch.bfloat16)
 
 
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,

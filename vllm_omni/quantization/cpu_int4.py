@@ -12,7 +12,7 @@ Two ways in:
   every layer is quantized right after loading.
 
 ``cpu_int4_a8`` is the same method with ``activation_bits`` 8 (W4A8: x rounded to int8 per group
-before the products, which the avx512 kernels take four to an instruction; faster prefill, less
+before the products, which the avx512 and avx2 kernels take four at a time; faster prefill, less
 accurate): ``LLM(..., quantization="cpu_int4_a8")`` on a bf16 checkpoint or on a cpu_int4 one,
 whose weights it reads as they are.
 
@@ -95,7 +95,8 @@ class CpuInt4Config(QuantizationConfig):
         super().__init__()
         if activation_bits is None:
             activation_bits = self.ACTIVATION_BITS
-        if activation_bits not in int4_linear.ACTIVATION_BITS or isinstance(activation_bits, bool):
+        if not isinstance(activation_bits, int) or isinstance(activation_bits, bool) \
+                or activation_bits not in int4_linear.ACTIVATION_BITS:
             raise OmniInputError(f"quantization_config.activation_bits: must be one of "
                                  f"{list(int4_linear.ACTIVATION_BITS)}, got {activation_bits!r}")
         self.activation_bits = activation_bits
@@ -207,7 +208,7 @@ class CpuInt4A8Config(CpuInt4Config):
         config = dict(config)
         if config.get("quant_method") == QUANT_METHOD_A8:
             config["quant_method"] = QUANT_METHOD
-        config.setdefault("activation_bits", cls.ACTIVATION_BITS)
+        config["activation_bits"] = cls.ACTIVATION_BITS  # the method asked for wins
         return super().from_config(config)
 
     @classmethod

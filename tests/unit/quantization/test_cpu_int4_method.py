@@ -128,6 +128,7 @@ def test_quantized_checkpoint_with_unsupported_layer_not_ignored_is_rejected():
     ({"grup_size": 64}, r"unknown field\(s\) \['grup_size'\]"),
     ({"activation_bits": 4}, r"activation_bits: must be one of \[16, 8\], got 4"),
     ({"activation_bits": True}, r"activation_bits: must be one of \[16, 8\], got True"),
+    ({"activation_bits": 8.0}, r"activation_bits: must be one of \[16, 8\], got 8.0"),
 ])
 def test_config_errors_name_the_field(cfg, match):
     with pytest.raises(OmniInputError, match=match):
@@ -158,7 +159,10 @@ def test_w4a8_is_a_field_and_a_method_of_its_own():
     assert a8.activation_bits == 8 and a8.get_name() == "cpu_int4_a8"
     assert not a8.checkpoint_quantized
     on_ckpt = cpu_int4.CpuInt4A8Config.from_config({"quant_method": "cpu_int4", "group_size": 64})
-    assert on_ckpt.activation_bits == 8 and on_ckpt.group_size == 64 and on_ckpt.checkpoint_quantized
+    assert on_ckpt.activation_bits == 8 and on_ckpt.group_size == 64
+    assert on_ckpt.checkpoint_quantized
+    # asked for as cpu_int4_a8, a checkpoint that says 16 runs W4A8 all the same
+    assert cpu_int4.CpuInt4A8Config.from_config({"activation_bits": 16}).activation_bits == 8
     over = cpu_int4.CpuInt4A8Config.override_quantization_method
     assert over({"quant_method": "cpu_int4"}, "cpu_int4_a8") == "cpu_int4_a8"
     assert over({"quant_method": "cpu_int4"}, "cpu_int4") is None

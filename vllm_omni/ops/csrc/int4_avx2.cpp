@@ -170,7 +170,8 @@ void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total
           int16_t h2, l2;
           std::memcpy(&h2, xh + k, sizeof(h2));
           const __m256i vh = _mm256_set1_epi16(h2);
-          for (int i = 0; i < 4; ++i) sh[i] = _mm256_add_epi16(sh[i], _mm256_maddubs_epi16(q[i], vh));
+          for (int i = 0; i < 4; ++i)
+            sh[i] = _mm256_add_epi16(sh[i], _mm256_maddubs_epi16(q[i], vh));
           if constexpr (!A8) {
             std::memcpy(&l2, xl + k, sizeof(l2));
             const __m256i vl = _mm256_set1_epi16(l2);
@@ -351,7 +352,8 @@ inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t kq = 0; kq < gs / 4; ++kq, p += 128, qb += kBlockN) {
     __m256i v[4];
-    for (int t = 0; t < 4; ++t) v[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
+    for (int t = 0; t < 4; ++t)
+      v[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * t));
     quads16(_mm256_and_si256(v[0], nibble), _mm256_and_si256(v[1], nibble),
             _mm256_and_si256(v[2], nibble), _mm256_and_si256(v[3], nibble), qb);  // rows 0..31
     quads16(_mm256_and_si256(_mm256_srli_epi16(v[0], 4), nibble),
@@ -361,7 +363,8 @@ inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb) {
   }
 }
 
-// Named accumulators, as tile_madd. gg.kpairs: quads of k (gs / 4, even: gs >= 32).
+// Named accumulators, as tile_madd. gg.kpairs: quads of k (gs / 4: even, gs being a multiple of
+// 16).
 template <int R>
 void tile_quads(const GemmGroup& gg, const GemmRows& x, float* o) {
   const __m256i ones = _mm256_set1_epi16(1);

@@ -18,9 +18,9 @@
 // W4A8 (activation_bits 8, opt-in): x goes in as int8 per group instead, c = round(x * 127 /
 //   max|x|) in -127..127, and is then written in the 15-bit form above as 128 * c (hi = c,
 //   lo = 0) with step = max|x| / 16256 (127 * 128), so dot, its finishing and the bf16 output
-//   are the 15-bit arithmetic applied to those codes: every kernel reads them as it reads
-//   15-bit ones and gives the same bits, and a kernel of 8-bit products only (vpdpbusd on c
-//   alone: twice the multiply-adds an instruction) gives them too, shifting its sum by 7 bits.
+//   are the 15-bit arithmetic applied to those codes: a 15-bit kernel computes W4A8 from them
+//   unchanged (the portable set's do), and a kernel of 8-bit products only (avx512's vpdpbusd,
+//   avx2's vpmaddubsw on c alone) gives the same bits, shifting its sum left by 7.
 //   c's rounding is up to 2^-8 of the group's largest |x|: the accuracy that costs is measured
 //   by the quality sweep (docs/quality.md), which is why it is not the default.
 // The dequantization (prefill) is fma(q - 8, scale, zero) rounded to bf16, also the same bits
