@@ -57,9 +57,12 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// fixed_point_scalar's bits: lanes 0..7 and 8..15 of the 16 partial sums in two registers.
+// fixed_point_scalar<A8>'s bits: lanes 0..7 and 8..15 of the 16 partial sums in two registers.
+template <bool A8>
 void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
                  float* step, int32_t* csum, float* xsum) {
+  constexpr int kMax = A8 ? kInt8Max : kFixedMax;
+  constexpr float kSteps = A8 ? kInt8Steps : static_cast<float>(kFixedMax);
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t g = 0; g < K / gs; ++g) {
     __m256 amax = _mm256_setzero_ps(), s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -74,19 +77,21 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
     _mm256_store_ps(lanes, s0);
     _mm256_store_ps(lanes + 8, s1);
     xsum[g] = reduce16(lanes);
-    step[g] = top / kFixedMax;
-    const __m256 inv = _mm256_set1_ps(top > 0 ? kFixedMax / top : 0.0f);
-    const __m256i bound = _mm256_set1_epi32(kFixedMax);
-    const __m256i nbound = _mm256_set1_epi32(-kFixedMax);
+    step[g] = top / kSteps;
+    const __m256 inv = _mm256_set1_ps(top > 0 ? kMax / top : 0.0f);
+    const __m256i bound = _mm256_set1_epi32(kMax);
+    const __m256i nbound = _mm256_set1_epi32(-kMax);
     const __m256i low7 = _mm256_set1_epi32(127);
     __m256i codes = _mm256_setzero_si256();
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 8) {
       __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(bf16x8_to_fp32(x + k), inv));
       c = _mm256_max_epi32(_mm256_min_epi32(c, bound), nbound);
       codes = _mm256_add_epi32(codes, c);
-      // hi in -128..127 and lo in 0..127 fit the saturating packs: per 128-bit lane the bytes
-      // are hi of 4 k, then lo of the same 4 k
-      const __m256i words = _mm256_packs_epi32(_mm256_srai_epi32(c, 7), _mm256_and_si256(c, low7));
+      // hi (W4A8: c) in -128..127 and lo (W4A8: 0) in 0..127 fit the saturating packs: per
+      // 128-bit lane the bytes are hi of 4 k, then lo of the same 4 k
+      const __m256i h = A8 ? c : _mm256_srai_epi32(c, 7);
+      const __m256i l = A8 ? _mm256_setzero_si256() : _mm256_and_si256(c, low7);
+      const __m256i words = _mm256_packs_epi32(h, l);
       const __m256i bytes = _mm256_packs_epi16(words, words);
       const __m128i b0 = _mm256_castsi256_si128(bytes), b1 = _mm256_extracti128_si256(bytes, 1);
       const int32_t h0 = _mm_cvtsi128_si32(b0), l0 = _mm_extract_epi32(b0, 1);
@@ -94,44 +99,8 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
       std::memcpy(hi + k, &h0, 4), std::memcpy(hi + k + 4, &h1, 4);
       std::memcpy(lo + k, &l0, 4), std::memcpy(lo + k + 4, &l1, 4);
     }
-    csum[g] = hsum_epi32(codes);
-  }
-}
-
-// W4A8's x (int4_base.h): fixed_point8_scalar's bits, the sums as fixed_point's.
-void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
-                  float* step, int32_t* csum, float* xsum) {
-  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (int64_t g = 0; g < K / gs; ++g) {
-    __m256 amax = _mm256_setzero_ps(), s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      const __m256 v0 = bf16x8_to_fp32(x + k), v1 = bf16x8_to_fp32(x + k + 8);
-      amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_and_ps(v0, sign), _mm256_and_ps(v1, sign)));
-      s0 = _mm256_add_ps(s0, v0);
-      s1 = _mm256_add_ps(s1, v1);
-    }
-    const float top = hmax(amax);
-    alignas(32) float lanes[16];
-    _mm256_store_ps(lanes, s0);
-    _mm256_store_ps(lanes + 8, s1);
-    xsum[g] = reduce16(lanes);
-    step[g] = top / kInt8Steps;
-    const __m256 inv = _mm256_set1_ps(top > 0 ? kInt8Max / top : 0.0f);
-    const __m256i bound = _mm256_set1_epi32(kInt8Max), nbound = _mm256_set1_epi32(-kInt8Max);
-    __m256i codes = _mm256_setzero_si256();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 8) {
-      __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(bf16x8_to_fp32(x + k), inv));
-      c = _mm256_max_epi32(_mm256_min_epi32(c, bound), nbound);
-      codes = _mm256_add_epi32(codes, c);
-      // c in -127..127 passes the saturating packs unchanged: per 128-bit lane 4 k's bytes
-      const __m256i words = _mm256_packs_epi32(c, c);
-      const __m256i bytes = _mm256_packs_epi16(words, words);
-      const int32_t c0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(bytes));
-      const int32_t c1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1));
-      std::memcpy(hi + k, &c0, 4), std::memcpy(hi + k + 4, &c1, 4);
-      std::memset(lo + k, 0, 8);
-    }
-    csum[g] = 128 * hsum_epi32(codes);
+    const int32_t total = hsum_epi32(codes);
+    csum[g] = A8 ? 128 * total : total;
   }
 }
 

@@ -64,8 +64,12 @@ constexpr QuadIndex quad_index(int first) {
 }
 constexpr QuadIndex kRowsLo = quad_index(0), kRowsHi = quad_index(16);
 
+// fixed_point_scalar<A8>'s bits.
+template <bool A8>
 void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
                  float* step, int32_t* csum, float* xsum) {
+  constexpr int kMax = A8 ? kInt8Max : kFixedMax;
+  constexpr float kSteps = A8 ? kInt8Steps : static_cast<float>(kFixedMax);
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int64_t g = 0; g < K / gs; ++g) {
     __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
@@ -78,51 +82,21 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, sum);
     xsum[g] = reduce16(lanes);  // the order written out, whatever the compiler's reduce does
-    step[g] = top / kFixedMax;
-    const __m512 inv = _mm512_set1_ps(top > 0 ? kFixedMax / top : 0.0f);
-    const __m512i bound = _mm512_set1_epi32(kFixedMax);
-    __m512i codes = _mm512_setzero_si512();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
-      c = _mm512_max_epi32(_mm512_min_epi32(c, bound), _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                                        bound));
-      codes = _mm512_add_epi32(codes, c);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k),
-                       _mm512_cvtepi32_epi8(_mm512_srai_epi32(c, 7)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k),
-                       _mm512_cvtepi32_epi8(_mm512_and_si512(c, _mm512_set1_epi32(127))));
-    }
-    csum[g] = _mm512_reduce_add_epi32(codes);
-  }
-}
-
-// W4A8's x (int4_base.h): c in -127..127 as hi, lo = 0.
-void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
-                  float* step, int32_t* csum, float* xsum) {
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  for (int64_t g = 0; g < K / gs; ++g) {
-    __m512 amax = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
-    for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
-      const __m512 v = bf16x16_to_fp32(x + k);
-      amax = _mm512_max_ps(amax, _mm512_and_ps(v, sign));
-      sum = _mm512_add_ps(sum, v);
-    }
-    const float top = _mm512_reduce_max_ps(amax);
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, sum);
-    xsum[g] = reduce16(lanes);
-    step[g] = top / kInt8Steps;
-    const __m512 inv = _mm512_set1_ps(top > 0 ? kInt8Max / top : 0.0f);
-    const __m512i bound = _mm512_set1_epi32(kInt8Max), nbound = _mm512_set1_epi32(-kInt8Max);
+    step[g] = top / kSteps;
+    const __m512 inv = _mm512_set1_ps(top > 0 ? kMax / top : 0.0f);
+    const __m512i bound = _mm512_set1_epi32(kMax), nbound = _mm512_set1_epi32(-kMax);
     __m512i codes = _mm512_setzero_si512();
     for (int64_t k = g * gs; k < (g + 1) * gs; k += 16) {
       __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_fp32(x + k), inv));
       c = _mm512_max_epi32(_mm512_min_epi32(c, bound), nbound);
       codes = _mm512_add_epi32(codes, c);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k), _mm512_cvtepi32_epi8(c));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k), _mm_setzero_si128());
+      const __m512i h = A8 ? c : _mm512_srai_epi32(c, 7);
+      const __m512i l = A8 ? _mm512_setzero_si512() : _mm512_and_si512(c, _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k), _mm512_cvtepi32_epi8(h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k), _mm512_cvtepi32_epi8(l));
     }
-    csum[g] = 128 * _mm512_reduce_add_epi32(codes);
+    const int32_t total = _mm512_reduce_add_epi32(codes);
+    csum[g] = A8 ? 128 * total : total;
   }
 }
 

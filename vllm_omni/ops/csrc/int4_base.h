@@ -72,9 +72,13 @@ inline float reduce16(const float* s) {
   return (u[0] + u[2]) + (u[1] + u[3]);
 }
 
-// Scalar fixed_point: the definition the vector ones reproduce bit for bit.
+// Scalar fixed_point: the definition the vector ones reproduce bit for bit. A8: W4A8's x (see the
+// top of this file), c in -127..127 as hi with lo = 0, step and code sum those of 128 * c.
+template <bool A8>
 inline void fixed_point_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi,
                                int8_t* lo, float* step, int32_t* csum, float* xsum) {
+  constexpr int kMax = A8 ? kInt8Max : kFixedMax;
+  constexpr float kSteps = A8 ? kInt8Steps : static_cast<float>(kFixedMax);
   for (int64_t g = 0; g < K / gs; ++g) {
     float amax = 0.0f, lanes[16] = {};
     for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
@@ -83,42 +87,17 @@ inline void fixed_point_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int
       lanes[(k - g * gs) % 16] += v;
     }
     xsum[g] = reduce16(lanes);
-    step[g] = amax / kFixedMax;
-    const float inv = amax > 0 ? kFixedMax / amax : 0.0f;
+    step[g] = amax / kSteps;
+    const float inv = amax > 0 ? kMax / amax : 0.0f;
     int32_t codes = 0;
     for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
       int32_t c = static_cast<int32_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
-      c = std::min(kFixedMax, std::max(-kFixedMax, c));
+      c = std::min(kMax, std::max(-kMax, c));
       codes += c;
-      hi[k] = static_cast<int8_t>(c >> 7);
-      lo[k] = static_cast<int8_t>(c & 127);
+      hi[k] = static_cast<int8_t>(A8 ? c : c >> 7);
+      lo[k] = static_cast<int8_t>(A8 ? 0 : c & 127);
     }
-    csum[g] = codes;
-  }
-}
-
-// W4A8's x (see the top of this file): c in -127..127 as hi, lo = 0, step and code sum of 128 * c.
-inline void fixed_point8_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi,
-                                int8_t* lo, float* step, int32_t* csum, float* xsum) {
-  for (int64_t g = 0; g < K / gs; ++g) {
-    float amax = 0.0f, lanes[16] = {};
-    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
-      const float v = bf16_to_float(x[k]);
-      amax = std::max(amax, std::fabs(v));
-      lanes[(k - g * gs) % 16] += v;
-    }
-    xsum[g] = reduce16(lanes);
-    step[g] = amax / kInt8Steps;
-    const float inv = amax > 0 ? kInt8Max / amax : 0.0f;
-    int32_t codes = 0;
-    for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
-      int32_t c = static_cast<int32_t>(std::nearbyint(bf16_to_float(x[k]) * inv));
-      c = std::min(kInt8Max, std::max(-kInt8Max, c));
-      codes += c;
-      hi[k] = static_cast<int8_t>(c);
-      lo[k] = 0;
-    }
-    csum[g] = 128 * codes;
+    csum[g] = A8 ? 128 * codes : codes;
   }
 }
 

@@ -2,8 +2,7 @@
 // int4_portable.cpp after each has defined, in namespace omni::isa:
 //   kName                       the set's name ("avx512", "avx2", "portable")
 //   kRows                       rows of x per pass over a block
-//   fixed_point(...)            omni::fixed_point_scalar's bits, vectorised
-//   fixed_point8(...)           omni::fixed_point8_scalar's bits (W4A8's x), vectorised or not
+//   fixed_point<A8>(...)        omni::fixed_point_scalar<A8>'s bits (A8: W4A8's x), vectorised
 //   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
 //                               L2, 1 = non-temporal; a set may ignore it)
 //   dequant64(...)              one group of W^T for one full block
@@ -79,7 +78,7 @@ bool is_a8(int64_t activation_bits) {
 // Row m of x in fixed point (15-bit, or W4A8's codes).
 inline void fixed_row(const at::BFloat16* xin, int64_t m, int64_t K, int64_t G, int64_t gs,
                       bool a8, FixedX& fx) {
-  auto* f = a8 ? &isa::fixed_point8 : &isa::fixed_point;
+  auto* f = a8 ? &isa::fixed_point<true> : &isa::fixed_point<false>;
   f(xin + m * K, K, gs, fx.hi.data() + m * K, fx.lo.data() + m * K, fx.step.data() + m * G,
     fx.csum.data() + m * G, fx.xsum.data() + m * G);
 }

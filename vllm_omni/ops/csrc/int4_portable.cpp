@@ -10,14 +10,10 @@ namespace isa {
 constexpr const char* kName = "portable";
 constexpr int kRows = 1;
 
+template <bool A8>
 inline void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
                         float* step, int32_t* csum, float* xsum) {
-  fixed_point_scalar(x, K, gs, hi, lo, step, csum, xsum);
-}
-
-inline void fixed_point8(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
-                         float* step, int32_t* csum, float* xsum) {
-  fixed_point8_scalar(x, K, gs, hi, lo, step, csum, xsum);
+  fixed_point_scalar<A8>(x, K, gs, hi, lo, step, csum, xsum);
 }
 
 template <int Hint>
