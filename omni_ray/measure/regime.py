@@ -76,9 +76,8 @@ def checkpoint_bytes_per_token(model_dir: str | os.PathLike, quantization: str |
     so it counts. ``quantization="cpu_int4"`` (or ``cpu_int4_a8``, the same weights) on a
     checkpoint that is not cpu_int4 already (a bf16 one quantized at load): the engine reads
     int4 bytes, so each linear weight it quantizes counts as int4 (``_int4_at_load``), the rest
-    as stored. ``dtype`` (a stage's:
-    ``bfloat16``, ``float16``, ``float32``): the engine casts floating tensors to it, so they
-    count at its size (None: as stored).
+    as stored. ``dtype`` (a stage's: ``bfloat16``, ``float16``, ``float32``): the engine casts
+    floating tensors to it, so they count at its size (None: as stored).
     """
     cast = _FLOAT_BYTES.get(dtype or "")
     d = Path(model_dir)

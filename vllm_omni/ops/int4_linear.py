@@ -11,11 +11,10 @@ values, no Python per call). Otherwise the Python function here is the kernel: d
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
 rounding). ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group
 before the products, which the avx512 and avx2 sets take four at a time; the Python kernels
-round x the same way (to bf16 afterwards) and multiply as above. Being one opaque op,
-the branch on the row count is taken at run time and never becomes a torch.compile guard;
-``group_size``, ``row_threshold`` and ``activation_bits`` are arguments, so they are constants of
-the traced graph
-and must be part of the quantization config (which keys vLLM's compile cache).
+round x the same way (to bf16 afterwards) and multiply as above. Being one opaque op, the branch
+on the row count is taken at run time and never becomes a torch.compile guard; ``group_size``,
+``row_threshold`` and ``activation_bits`` are arguments, so they are constants of the traced
+graph and must be part of the quantization config (which keys vLLM's compile cache).
 
 No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
 """
