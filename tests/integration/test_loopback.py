@@ -46,9 +46,11 @@ def look(event):
         seen["listening"] += [[p.name(), c.laddr.ip, c.laddr.port] for c in conns
                               if c.status == psutil.CONN_LISTEN]
 
+# long enough to be seen measuring: the coordinator asks for phase and RSS every 2 s, and
+# tiny's engine now loads in about that (a shorter arm was seen only probing)
 cfg = {"name": "closed", "model": "tiny", "passes": 1, "placement": {"slot_cores": 1},
-       "stage": {"kv_cache_mib": 32, "max_model_len": 256},
-       "workload": {"prompt_len": 16, "output_len": 8, "warmup": 0, "repeats": 1}}
+       "stage": {"kv_cache_mib": 32, "max_model_len": 512},
+       "workload": {"prompt_len": 16, "output_len": 128, "warmup": 0, "repeats": 40}}
 report = omni_ray.run_sweep(cfg, out=sys.argv[1], allow_busy=True, on_event=look)
 seen["status"] = [r["status"] for r in report.records]
 seen["progress"] = progress

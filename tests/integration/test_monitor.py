@@ -58,10 +58,13 @@ def query(url, q):
         return []
 
 def ask(url, session):
+    # each series asked again every round and its latest answer kept: the RSS series first
+    # appears while the runner probes, before any engine is loaded (28 MiB), and READY must
+    # report it as it is once the engine decodes
     live = {}
     while not done.is_set():
         for name in LIVE:
-            live[name] = live.get(name) or query(url, f'{name}{{SessionName="{session}"}}')
+            live[name] = query(url, f'{name}{{SessionName="{session}"}}') or live.get(name)
         if all(live.values()):
             seen["rss"], seen["live"] = live[LIVE[0]], live
             print("READY " + json.dumps({k: seen[k] for k in ("dashboard", "graphs")}),
