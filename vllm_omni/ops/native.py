@@ -1,8 +1,10 @@
 """cpu_int4's native kernel sets (``csrc/int4_*.cpp``): chosen by the CPU, built once, loaded.
 
-Three sets read the one layout of :mod:`vllm_omni.ops.int4_pack` and give the same bits
+Four sets read the one layout of :mod:`vllm_omni.ops.int4_pack` and give the same bits
 (``csrc/int4_base.h`` defines the arithmetic):
 
+- ``amx``: the avx512 set with its GEMM (prefill) on AMX tiles: the avx512 flags and AMX-TILE,
+  AMX-INT8 (Intel Sapphire Rapids and later);
 - ``avx512``: AVX-512 F/BW/VL/DQ with AVX512_VNNI and AVX512_VBMI (Intel Ice Lake and later,
   AMD Zen 4 and later);
 - ``avx2``: AVX2 and FMA (every other x86-64 CPU of the last decade, and AVX-512 CPUs without
@@ -52,6 +54,7 @@ class KernelSet:
     cpu_flags: tuple[str, ...]  # as /proc/cpuinfo spells them; () = any CPU
     isa_cflags: tuple[str, ...]
     x86_only: bool
+    includes: tuple[str, ...] = ()  # other sources of csrc/ its source includes (build key)
 
     @property
     def source(self) -> Path:
@@ -70,12 +73,16 @@ class KernelSet:
         return (*BASE_CFLAGS, *self.isa_cflags, f"-DOMNI_NS={self.namespace}")
 
 
+_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512vbmi", "fma")
+_AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+                  "-mavx512vbmi", "-mfma")
+
 # In order of preference.
 KERNEL_SETS = (
-    KernelSet("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-                         "avx512vbmi", "fma"),
-              ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
-               "-mavx512vbmi", "-mfma"), x86_only=True),
+    KernelSet("amx", (*_AVX512_FLAGS, "amx_tile", "amx_int8"),
+              (*_AVX512_CFLAGS, "-mamx-tile", "-mamx-int8"), x86_only=True,
+              includes=("int4_avx512.cpp",)),
+    KernelSet("avx512", _AVX512_FLAGS, _AVX512_CFLAGS, x86_only=True),
     KernelSet("avx2", ("avx2", "fma"), ("-mavx2", "-mfma"), x86_only=True),
     KernelSet("portable", (), (), x86_only=False),
 )
@@ -184,7 +191,8 @@ def _build_failed(where: Path, exc: Exception) -> str:
 
 
 def set_dir(ks: KernelSet) -> Path:
-    return build_dir(ks.library, (ks.source, *HEADERS), ks.cflags)
+    return build_dir(ks.library, (ks.source, *HEADERS, *(CSRC / i for i in ks.includes)),
+                     ks.cflags)
 
 
 def _build_and_load(ks: KernelSet) -> str:

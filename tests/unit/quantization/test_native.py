@@ -1,5 +1,5 @@
 """vllm_omni's native int4 kernel sets: each set this CPU can run is tested here (an AVX-512
-machine runs the avx512, avx2 and portable sets; an AVX2 one avx2 and portable; any other CPU
+machine runs the avx512, avx2 and portable sets (and amx, where the CPU has AMX); an AVX2 one avx2 and portable; any other CPU
 portable), all of them give the same bits, they equal the Python paths, the ops use the set the
 CPU selects, and a machine that cannot build or run one falls back with a reason."""
 
@@ -113,7 +113,7 @@ def test_every_set_gives_the_same_bits(n, k, group_size, rows):
 
 # (N, K, group): tail blocks of 16 and 48 rows (N % 64), group counts that no tile divides
 # (K / group = 3, 38), a real gate_up shape.
-GEMM_SHAPES = [(208, 96, 32), (240, 4864, 128), (9728, 896, 128), (192, 512, 64)]
+GEMM_SHAPES = [(208, 96, 32), (240, 4864, 128), (9728, 896, 128), (192, 512, 64), (192, 48, 16)]
 
 
 @pytest.mark.parametrize("name", SETS)
@@ -404,7 +404,8 @@ X86_AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
 
 @pytest.mark.parametrize("flags,x86,want", [
-    (X86_AVX2 | AVX512_FLAGS | {"amx_tile"}, True, "avx512"),  # Sapphire Rapids
+    (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8"}, True, "amx"),  # Sapphire Rapids
+    (X86_AVX2 | AVX512_FLAGS | {"amx_tile"}, True, "avx512"),  # tiles without their int8 products
     (X86_AVX2 | AVX512_FLAGS, True, "avx512"),  # Zen 4, Zen 5
     (X86_AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, True, "avx2"),  # Skylake-SP
     (X86_AVX2, True, "avx2"),  # Zen 2/3, Haswell
@@ -430,7 +431,7 @@ def test_a_forced_set_the_cpu_cannot_run_is_refused_naming_the_flags(monkeypatch
     monkeypatch.setenv(envs.VLLM_OMNI_INT4_ISA, "neon")
     with caplog.at_level(logging.WARNING, logger=native.logger.name):
         assert native.select(X86_AVX2, True)[0].name == "avx2"
-    assert "'neon' is not a kernel set (avx512, avx2, portable)" in caplog.text
+    assert "'neon' is not a kernel set (amx, avx512, avx2, portable)" in caplog.text
     monkeypatch.setenv(envs.VLLM_OMNI_INT4_ISA, "auto")
     assert native.select(X86_AVX2 | AVX512_FLAGS, True)[0].name == "avx512"
 

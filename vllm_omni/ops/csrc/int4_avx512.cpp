@@ -16,13 +16,21 @@
 // stream and gave other bits than the other sets; it was removed.
 
 #include <immintrin.h>
+#ifdef OMNI_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "int4_base.h"
 
 namespace omni {
 namespace isa {
 
+#ifdef OMNI_AMX
+constexpr const char* kName = "amx";
+#else
 constexpr const char* kName = "avx512";
+#endif
 constexpr int kRows = 2;  // 8 accumulators per row of x: two rows fill the registers
 
 // Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
@@ -352,6 +360,114 @@ inline void tile8(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
     default: return tile_quads<1>(gg, x, o);
   }
 }
+
+#ifdef OMNI_AMX
+// ---- The amx set: this file built with -DOMNI_AMX -mamx-tile -mamx-int8 (int4_amx.cpp). Its
+// GEMM runs on AMX tiles (Intel Sapphire Rapids and later); everything else is the avx512 set's.
+// tdpbsud multiplies a tile of 16 rows of x's signed codes (16 x kc bytes) by one of the weight's
+// unsigned codes in quads (kc/4 x 16 dwords, what unpack64_quads writes) into 16 x 16 int32:
+// 16 x 16 x kc multiply-adds an instruction, 1,024 at kc = 64, 16 times vpdpbusd's. W4A8 takes
+// one product a tile (x's int8 codes are hi); the 15-bit form two, hi and lo (0..127, so a signed
+// byte too), added as 128 * hi + lo. The sums are exact integers and finish_row finishes them, so
+// the bits are the other sets'.
+
+// Linux gives a process AMX's tile data only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA, Linux 5.16 and later). Refused: the GEMM takes the avx512 tiles.
+inline bool amx_ready() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+// The tile configuration (palette 1): tiles 0-3 the int32 sums (16 rows x 16 outputs), 4-5 x's
+// codes (16 rows x kc), 6-7 the weight's quads (kc / 4 x 16 outputs). Loaded by inline assembly:
+// GCC 12's _tile_loadconfig reads the configuration as 8 bytes, so the compiler drops the stores
+// that fill the rest (omni_ray/peers/llamacpp.py's _AMX_TILECFG_FIX: ggml's crash from it).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// kc: k per tile product, the largest of 64, 32, 16 that divides the group.
+inline int amx_chunk(int64_t gs) { return gs % 64 == 0 ? 64 : gs % 32 == 0 ? 32 : 16; }
+
+// Configures this thread's tiles for chunks of kc; amx_release() frees them.
+inline void amx_configure(int kc) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(t < 6 ? 16 : kc / 4);
+    cfg.colsb[t] = static_cast<uint16_t>(t == 4 || t == 5 ? kc : 64);
+  }
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+inline void amx_release() { _tile_release(); }
+
+constexpr int kAmxRows = 16;
+
+// One group of a full block for `rows` (<= 16) rows of x, added into o (fp32 [rows][64]): hi, lo
+// the rows' codes of the group's first k, row r at + r * ldx (16 rows readable: the buffers are
+// padded); gg.qb the group's quads. A8: W4A8 (lo unused).
+template <bool A8>
+void tile_amx(int rows, const GemmGroup& gg, const int8_t* hi, const int8_t* lo, int64_t ldx,
+              int kc, const GemmRows& x, float* o) {
+  alignas(64) int32_t sum_hi[kAmxRows * kBlockN], sum_lo[kAmxRows * kBlockN];
+  const int64_t chunks = gg.kpairs * 4 / kc;  // kpairs: quads a row of the group
+  const int32_t* qb = gg.qb;
+  constexpr int64_t kLdq = kBlockN * 4;  // bytes from one quad row to the next
+  if constexpr (A8) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int32_t* q = qb + c * kc / 4 * kBlockN;
+      _tile_loadd(4, hi + c * kc, ldx);
+      _tile_loadd(6, q, kLdq);
+      _tile_loadd(7, q + 16, kLdq);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      _tile_loadd(6, q + 32, kLdq);
+      _tile_loadd(7, q + 48, kLdq);
+      _tile_dpbsud(2, 4, 6);
+      _tile_dpbsud(3, 4, 7);
+    }
+    _tile_stored(0, sum_hi, kBlockN * 4);
+    _tile_stored(1, sum_hi + 16, kBlockN * 4);
+    _tile_stored(2, sum_hi + 32, kBlockN * 4);
+    _tile_stored(3, sum_hi + 48, kBlockN * 4);
+  } else {
+    for (int half = 0; half < 2; ++half) {  // outputs 0..31, then 32..63
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int32_t* q = qb + c * kc / 4 * kBlockN + 32 * half;
+        _tile_loadd(4, hi + c * kc, ldx);
+        _tile_loadd(5, lo + c * kc, ldx);
+        _tile_loadd(6, q, kLdq);
+        _tile_loadd(7, q + 16, kLdq);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+      }
+      _tile_stored(0, sum_hi + 32 * half, kBlockN * 4);
+      _tile_stored(1, sum_hi + 32 * half + 16, kBlockN * 4);
+      _tile_stored(2, sum_lo + 32 * half, kBlockN * 4);
+      _tile_stored(3, sum_lo + 32 * half + 16, kBlockN * 4);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    // finish_row's accumulators: sum (q - 8) * c (W4A8: over 128, finished with Shift 7)
+    const int32_t csum = x.csum[r * x.ldm];
+    const __m512i base = _mm512_set1_epi32(A8 ? -8 * (csum / 128) : -8 * csum);
+    __m512i acc[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i h = _mm512_load_si512(sum_hi + r * kBlockN + 16 * i);
+      acc[i] = A8 ? _mm512_add_epi32(h, base)
+                  : _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 7), base),
+                                     _mm512_load_si512(sum_lo + r * kBlockN + 16 * i));
+    }
+    finish_row<A8 ? 7 : 0>(gg, x, r, acc, o);
+  }
+}
+#define OMNI_AMX_KERNELS 1
+#endif  // OMNI_AMX
 
 // 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
 inline void store64(const float* o, at::BFloat16* out) {

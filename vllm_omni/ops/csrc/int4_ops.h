@@ -127,11 +127,13 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-// x in fixed point, rows spread over the threads.
-FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs, bool a8) {
+// x in fixed point, rows spread over the threads; hi and lo with `pad` rows of zeros after the
+// last (AMX tiles read 16 rows from any row).
+FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs, bool a8,
+               int64_t pad = 0) {
   FixedX fx;
-  fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
-      fx.csum.resize(M * G);
+  fx.hi.resize((M + pad) * K), fx.lo.resize((M + pad) * K), fx.step.resize(M * G),
+      fx.xsum.resize(M * G), fx.csum.resize(M * G);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) fixed_row(xin, m, K, G, gs, a8, fx);
   });
@@ -165,19 +167,26 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   const int64_t G = scales_zeros.size(0), gs = group_size;
   check_pack(packed, scales_zeros, K, group_size);
   const bool a8 = is_a8(activation_bits);
+#ifdef OMNI_AMX_KERNELS
+  // AMX tiles read x's codes as they are (fx.hi, fx.lo) and the weight's in quads, in both forms
+  const bool amx = isa::amx_ready();
+  const int amx_kc = isa::amx_chunk(gs);
+#else
+  constexpr bool amx = false;
+#endif
 #ifdef OMNI_A8_KERNELS
-  const bool quads = a8;  // 8-bit products: 4 k a dword of codes and of x
+  const bool quads = a8 || amx;  // 8-bit products: 4 k a dword of codes and of x
 #else
   const bool quads = false;
 #endif
   const int64_t per = quads ? 4 : 2;  // k per dword
   const at::Tensor xc = x.contiguous();
-  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs, a8);
+  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs, a8, amx ? 16 : 0);
   // x's codes, pairs or quads, tile by tile (the last tile's missing rows stay zero and are
-  // never read)
+  // never read); not for AMX
   constexpr int64_t R = isa::kTileRows;
-  std::vector<int32_t> c2((M + R - 1) / R * R * K / per);
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  std::vector<int32_t> c2(amx ? 0 : (M + R - 1) / R * R * K / per);
+  if (!amx) at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       int32_t* dst = c2.data() + m / R * R * K / per + m % R;
       if (quads)
@@ -196,6 +205,9 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
     std::vector<int32_t> qb(gs / 2 * kBlockN);  // pairs: gs / 2 dwords a row; quads: half
     std::vector<float> o(std::min(M, chunk) * kBlockN);
     alignas(64) float sc[kBlockN], ze[kBlockN];
+#ifdef OMNI_AMX_KERNELS
+    if (amx) isa::amx_configure(amx_kc);
+#endif
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * kBlockN;
       const uint8_t* wb = w + n0 * K / 2;
@@ -217,6 +229,23 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
           for (int j = 0; j < kBlockN; ++j)
             sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
           const GemmGroup gg{qb.data(), gs / per, sc, ze};
+#ifdef OMNI_AMX_KERNELS
+          if (amx) {
+            for (int64_t t = 0; t < rows; t += isa::kAmxRows) {
+              const int64_t r = m0 + t;
+              const GemmRows xr{nullptr, 0, fx.step.data() + r * G + g, fx.csum.data() + r * G + g,
+                                fx.xsum.data() + r * G + g, G};
+              const int tr = static_cast<int>(std::min<int64_t>(isa::kAmxRows, rows - t));
+              const int8_t* hi = fx.hi.data() + r * K + g * gs;
+              const int8_t* lo = fx.lo.data() + r * K + g * gs;
+              if (a8)
+                isa::tile_amx<true>(tr, gg, hi, lo, K, amx_kc, xr, o.data() + t * kBlockN);
+              else
+                isa::tile_amx<false>(tr, gg, hi, lo, K, amx_kc, xr, o.data() + t * kBlockN);
+            }
+            continue;
+          }
+#endif
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
             const GemmRows xr{c2.data() + r * K / per + g * gs / per * R, R,
@@ -236,6 +265,9 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
           isa::store64(o.data() + m * kBlockN, op + (m0 + m) * N + n0);
       }
     }
+#ifdef OMNI_AMX_KERNELS
+    if (amx) isa::amx_release();
+#endif
   });
   return out;
 }
