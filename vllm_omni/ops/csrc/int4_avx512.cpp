@@ -304,18 +304,23 @@ void tile_vnni(const GemmGroup& gg, const GemmRows& x, float* o) {
 // ---- W4A8's GEMM: vpdpbusd multiplies 16 dwords of 4 codes (q[4kq] .. q[4kq+3] of one output)
 // by one row's broadcast 4 int8 codes of x: 64 multiply-adds an instruction, twice vpdpwssd's.
 // The quads are what the GEMV's vpermt2b gives (rows 0..15, 16..31, 32..47, 48..63).
-inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb) {
+// ld_kq, ld_rows: dwords from one quad to the next and from rows 0..15 to rows 16..31 (the
+// GEMM tiles' layout: 64, 16; the AMX tiles': 16, gs / 4 * 16, each 16 rows one tile).
+inline void unpack64_quads(const uint8_t* p, int64_t gs, int32_t* qb, int64_t ld_kq = kBlockN,
+                           int64_t ld_rows = 16) {
   const __m512i index_lo = _mm512_load_si512(kRowsLo.bytes);
   const __m512i index_hi = _mm512_load_si512(kRowsHi.bytes);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  for (int64_t kq = 0; kq < gs / 4; ++kq, p += 128, qb += kBlockN) {
+  for (int64_t kq = 0; kq < gs / 4; ++kq, p += 128, qb += ld_kq) {
     const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 64);
     const __m512i rows_lo = _mm512_permutex2var_epi8(a, index_lo, b);  // rows 0..15 | 32..47
     const __m512i rows_hi = _mm512_permutex2var_epi8(a, index_hi, b);  // 16..31 | 48..63
     _mm512_storeu_si512(qb, _mm512_and_si512(rows_lo, nibble));
-    _mm512_storeu_si512(qb + 16, _mm512_and_si512(rows_hi, nibble));
-    _mm512_storeu_si512(qb + 32, _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble));
-    _mm512_storeu_si512(qb + 48, _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble));
+    _mm512_storeu_si512(qb + ld_rows, _mm512_and_si512(rows_hi, nibble));
+    _mm512_storeu_si512(qb + 2 * ld_rows,
+                        _mm512_and_si512(_mm512_srli_epi16(rows_lo, 4), nibble));
+    _mm512_storeu_si512(qb + 3 * ld_rows,
+                        _mm512_and_si512(_mm512_srli_epi16(rows_hi, 4), nibble));
   }
 }
 
@@ -361,6 +366,13 @@ inline void tile8(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
   }
 }
 
+// 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
+inline void store64(const float* o, at::BFloat16* out) {
+  for (int i = 0; i < 4; ++i)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * i),
+                        fp32x16_to_bf16(_mm512_loadu_ps(o + 16 * i)));
+}
+
 #ifdef OMNI_AMX
 // ---- The amx set: this file built with -DOMNI_AMX -mamx-tile -mamx-int8 (int4_amx.cpp). Its
 // GEMM runs on AMX tiles (Intel Sapphire Rapids and later); everything else is the avx512 set's.
@@ -404,77 +416,159 @@ inline void amx_release() { _tile_release(); }
 
 constexpr int kAmxRows = 16;
 
-// One group of a full block for `rows` (<= 16) rows of x, added into o (fp32 [rows][64]): hi, lo
-// the rows' codes of the group's first k, row r at + r * ldx (16 rows readable: the buffers are
-// padded); gg.qb the group's quads. A8: W4A8 (lo unused).
+// x's codes (hi or lo, rows [M][K]) as AMX tiles: for each 16 rows and chunk of kc, the 16 x kc
+// bytes one after the other (a tile load reads 1 KiB in a row, not 16 rows K apart). xt: from
+// row m0's tile on; rows past M stay as they are (zeros).
+inline void amx_tiles_of_x(const int8_t* x, int64_t M, int64_t K, int kc, int8_t* xt) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < K / kc; ++c)
+      std::memcpy(xt + m / kAmxRows * kAmxRows * K + c * kAmxRows * kc + m % kAmxRows * kc,
+                  x + m * K + c * kc, kc);
+}
+
+// A GEMM of one full block on AMX, for all M rows of x: every group of the block is unpacked
+// once (quads, each 16 outputs' a tile of their own), then 64 rows of x at a time run through
+// the groups in order. A unit is one group's products for 32 outputs in four int32 tiles, 2 x 2:
+// W4A8 two tiles of 16 rows by two of outputs, the 15-bit form hi and lo of 16 rows by two of
+// outputs, so that each tile load serves two products; a group's units take the pass's rows
+// one after the other, so its quads are read from L1 after the first (a tile load from L2
+// costs about two products' time: 17-20 ns a product with its operands in L2, 6 in L1, on the
+// Xeon of results/int4_amx/). The unit's sums go to memory, the next unit starts on the tile
+// unit, and the vector unit finishes the sums (finish_row's arithmetic); two buffers of sums
+// alternate. The code sum's -8 * sum c enters as the starting value of the tiles that hold it.
+// Measured on one core (2048 x 11008, 512 rows): 64 rows a pass as fast as 32 or 128, and
+// prefetching the next group's x into L1 made no difference.
+constexpr int kAmxPassRows = 64;  // rows of x a pass over the block's groups
+
+struct AmxScratch {
+  std::vector<int32_t> qb;    // every group's quads: group g at g * gs / 4 * 64
+  std::vector<float> sc, ze;  // [G][64]
+  alignas(64) float y[kAmxPassRows * kBlockN];
+  alignas(64) int32_t sums[2][4 * kAmxRows * 16];  // a unit's four tiles, two units apart
+  alignas(64) int32_t base[kAmxPassRows * 16];      // starting values, row by row
+};
+
+// GCC's tile intrinsics paste the tile's number into the instruction: literal numbers only.
+// q: the unit's first 16 outputs' quads of the group (the next 16 at q + fb_next); x0, x1: W4A8:
+// two row tiles' codes, the 15-bit form: hi and lo of one row tile, each chunk after chunk.
 template <bool A8>
-void tile_amx(int rows, const GemmGroup& gg, const int8_t* hi, const int8_t* lo, int64_t ldx,
-              int kc, const GemmRows& x, float* o) {
-  alignas(64) int32_t sum_hi[kAmxRows * kBlockN], sum_lo[kAmxRows * kBlockN];
-  const int64_t chunks = gg.kpairs * 4 / kc;  // kpairs: quads a row of the group
-  const int32_t* qb = gg.qb;
-  constexpr int64_t kLdq = kBlockN * 4;  // bytes from one quad row to the next
-  if constexpr (A8) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int32_t* q = qb + c * kc / 4 * kBlockN;
-      _tile_loadd(4, hi + c * kc, ldx);
-      _tile_loadd(6, q, kLdq);
-      _tile_loadd(7, q + 16, kLdq);
-      _tile_dpbsud(0, 4, 6);
-      _tile_dpbsud(1, 4, 7);
-      _tile_loadd(6, q + 32, kLdq);
-      _tile_loadd(7, q + 48, kLdq);
-      _tile_dpbsud(2, 4, 6);
-      _tile_dpbsud(3, 4, 7);
-    }
-    _tile_stored(0, sum_hi, kBlockN * 4);
-    _tile_stored(1, sum_hi + 16, kBlockN * 4);
-    _tile_stored(2, sum_hi + 32, kBlockN * 4);
-    _tile_stored(3, sum_hi + 48, kBlockN * 4);
-  } else {
-    for (int half = 0; half < 2; ++half) {  // outputs 0..31, then 32..63
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int32_t* q = qb + c * kc / 4 * kBlockN + 32 * half;
-        _tile_loadd(4, hi + c * kc, ldx);
-        _tile_loadd(5, lo + c * kc, ldx);
-        _tile_loadd(6, q, kLdq);
-        _tile_loadd(7, q + 16, kLdq);
-        _tile_dpbsud(0, 4, 6);
-        _tile_dpbsud(1, 4, 7);
-        _tile_dpbsud(2, 5, 6);
-        _tile_dpbsud(3, 5, 7);
-      }
-      _tile_stored(0, sum_hi + 32 * half, kBlockN * 4);
-      _tile_stored(1, sum_hi + 32 * half + 16, kBlockN * 4);
-      _tile_stored(2, sum_lo + 32 * half, kBlockN * 4);
-      _tile_stored(3, sum_lo + 32 * half + 16, kBlockN * 4);
+__attribute__((always_inline)) inline void amx_issue(const int32_t* q, int64_t fb_next,
+                                                     const int8_t* x0, const int8_t* x1,
+                                                     int64_t chunks, int kc,
+                                                     const int32_t* base0, const int32_t* base1) {
+  if constexpr (A8) {  // tiles 0, 1: rows 0..15 x outputs 0..15, 16..31; tiles 2, 3: rows 16..31
+    _tile_loadd(0, base0, 64);
+    _tile_loadd(1, base0, 64);
+    _tile_loadd(2, base1, 64);
+    _tile_loadd(3, base1, 64);
+  } else {  // tiles 0, 1: hi x outputs 0..15, 16..31; tiles 2, 3: lo (from -8 * csum)
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, base0, 64);
+    _tile_loadd(3, base0, 64);
+  }
+  for (int64_t c = 0; c < chunks; ++c, q += kc / 4 * 16) {
+    _tile_loadd(4, x0 + c * kAmxRows * kc, kc);
+    _tile_loadd(5, x1 + c * kAmxRows * kc, kc);
+    _tile_loadd(6, q, 64);
+    _tile_loadd(7, q + fb_next, 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 5, 6);
+    _tile_dpbsud(3, 5, 7);
+  }
+}
+
+inline void amx_store(int32_t* sums) {
+  _tile_stored(0, sums, 64);
+  _tile_stored(1, sums + 256, 64);
+  _tile_stored(2, sums + 512, 64);
+  _tile_stored(3, sums + 768, 64);
+}
+
+// One unit's sums into y (rows r of y at y + r * 64, the unit's 32 outputs first): W4A8 rows
+// 0..31 (tiles 0, 1 and 2, 3), the 15-bit form rows 0..15 (128 * hi + lo).
+template <bool A8>
+__attribute__((always_inline)) inline void amx_finish(const int32_t* sums, int rows,
+                                                      const float* sc, const float* ze,
+                                                      const float* step, const float* xsum,
+                                                      int64_t ldm, float* y) {
+  for (int r = 0; r < rows; ++r) {
+    const __m512 st = _mm512_set1_ps(step[r * ldm]), xs = _mm512_set1_ps(xsum[r * ldm]);
+    const int32_t* t = sums + (A8 && r >= kAmxRows ? 512 : 0) + (r % kAmxRows) * 16;
+    for (int i = 0; i < 2; ++i) {
+      const __m512i a = _mm512_load_si512(t + 256 * i);
+      const __m512i dot = A8 ? _mm512_slli_epi32(a, 7)
+                             : _mm512_add_epi32(_mm512_slli_epi32(a, 7),
+                                                _mm512_load_si512(t + 512 + 256 * i));
+      float* o = y + r * kBlockN + 16 * i;
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                 _mm512_mul_ps(_mm512_load_ps(sc + 16 * i), st),
+                                 _mm512_load_ps(o));
+      v = _mm512_fmadd_ps(_mm512_load_ps(ze + 16 * i), xs, v);
+      _mm512_store_ps(o, v);
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    // finish_row's accumulators: sum (q - 8) * c (W4A8: over 128, finished with Shift 7)
-    const int32_t csum = x.csum[r * x.ldm];
-    const __m512i base = _mm512_set1_epi32(A8 ? -8 * (csum / 128) : -8 * csum);
-    __m512i acc[4];
-    for (int i = 0; i < 4; ++i) {
-      const __m512i h = _mm512_load_si512(sum_hi + r * kBlockN + 16 * i);
-      acc[i] = A8 ? _mm512_add_epi32(h, base)
-                  : _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 7), base),
-                                     _mm512_load_si512(sum_lo + r * kBlockN + 16 * i));
+}
+
+// Rows 0 .. M - 1 of x times one full block (wb: its first byte; sz: its first (scale, zero)
+// pair of group 0), into out (row m at out + m * ldo). xt_hi, xt_lo: x's codes as tiles
+// (amx_tiles_of_x, rows padded to a multiple of 32; lo unused for W4A8). The thread's tiles are
+// configured for chunks of kc.
+template <bool A8>
+void block_amx(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64_t K, int64_t gs,
+               int kc, const FixedX& fx, const int8_t* xt_hi, const int8_t* xt_lo, int64_t M,
+               AmxScratch& s, at::BFloat16* out, int64_t ldo) {
+  const int64_t G = K / gs, chunks = gs / kc;
+  constexpr int kUnitRows = A8 ? 2 * kAmxRows : kAmxRows;  // rows of x a unit
+  s.qb.resize(K / 4 * kBlockN), s.sc.resize(G * kBlockN), s.ze.resize(G * kBlockN);
+  const int64_t fb_next = gs / 4 * 16;  // dwords from one 16 outputs' quads of a group to the next
+  for (int64_t g = 0; g < G; ++g) {
+    unpack64_quads(wb + g * gs * kBlockN / 2, gs, s.qb.data() + g * gs / 4 * kBlockN, 16,
+                   fb_next);
+    const at::BFloat16* p = sz + g * n_total * 2;
+    for (int j = 0; j < kBlockN; ++j)
+      s.sc[g * kBlockN + j] = bf16_to_float(p[2 * j]), s.ze[g * kBlockN + j] = bf16_to_float(p[2 * j + 1]);
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kAmxPassRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kAmxPassRows, M - m0));
+    const int64_t nt = (rows + kUnitRows - 1) / kUnitRows;  // units of rows this pass
+    const int64_t units = G * 2 * nt;  // (group, outputs 0..31 or 32..63, rows), rows inner
+    std::fill(s.y, s.y + rows * kBlockN, 0.0f);
+    auto issue = [&](int64_t u) {
+      const int64_t t = u % nt, half = u / nt % 2, g = u / nt / 2;
+      const int64_t r0 = t * kUnitRows;  // the unit's first row in this pass
+      int32_t* b0 = s.base + r0 * 16;
+      if (half == 0)  // the group's starting values (a unit's tiles loaded them before)
+        for (int r = 0; r < kUnitRows; ++r) {
+          const int32_t csum = r0 + r < rows ? fx.csum[(m0 + r0 + r) * G + g] : 0;
+          _mm512_store_si512(b0 + 16 * r, _mm512_set1_epi32(A8 ? -8 * (csum / 128) : -8 * csum));
+        }
+      const int32_t* q = s.qb.data() + g * gs / 4 * kBlockN + half * 2 * fb_next;
+      const int64_t at = (m0 + r0) * K + g * gs * kAmxRows;
+      if constexpr (A8)
+        amx_issue<true>(q, fb_next, xt_hi + at, xt_hi + at + kAmxRows * K, chunks, kc, b0,
+                        b0 + kAmxRows * 16);
+      else
+        amx_issue<false>(q, fb_next, xt_hi + at, xt_lo + at, chunks, kc, b0, b0);
+    };
+    issue(0);
+    for (int64_t u = 0; u < units; ++u) {
+      int32_t* sums = s.sums[u & 1];
+      amx_store(sums);
+      if (u + 1 < units) issue(u + 1);  // the tile unit goes on while this unit is finished
+      const int64_t t = u % nt, g = u / nt / 2, off = u / nt % 2 * 32, r0 = t * kUnitRows;
+      amx_finish<A8>(sums, static_cast<int>(std::min<int64_t>(kUnitRows, rows - r0)),
+                     s.sc.data() + g * kBlockN + off, s.ze.data() + g * kBlockN + off,
+                     fx.step.data() + (m0 + r0) * G + g, fx.xsum.data() + (m0 + r0) * G + g, G,
+                     s.y + r0 * kBlockN + off);
     }
-    finish_row<A8 ? 7 : 0>(gg, x, r, acc, o);
+    for (int r = 0; r < rows; ++r) store64(s.y + r * kBlockN, out + (m0 + r) * ldo);
   }
 }
 #define OMNI_AMX_KERNELS 1
 #endif  // OMNI_AMX
 
-// 64 fp32 outputs of a tile to bf16, as the GEMV rounds them.
-inline void store64(const float* o, at::BFloat16* out) {
-  for (int i = 0; i < 4; ++i)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * i),
-                        fp32x16_to_bf16(_mm512_loadu_ps(o + 16 * i)));
-}
 
 inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {
   switch (rows) {

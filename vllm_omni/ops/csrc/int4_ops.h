@@ -127,13 +127,11 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   return out;
 }
 
-// x in fixed point, rows spread over the threads; hi and lo with `pad` rows of zeros after the
-// last (AMX tiles read 16 rows from any row).
-FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs, bool a8,
-               int64_t pad = 0) {
+// x in fixed point, rows spread over the threads.
+FixedX fixed_x(const at::BFloat16* xin, int64_t M, int64_t K, int64_t G, int64_t gs, bool a8) {
   FixedX fx;
-  fx.hi.resize((M + pad) * K), fx.lo.resize((M + pad) * K), fx.step.resize(M * G),
-      fx.xsum.resize(M * G), fx.csum.resize(M * G);
+  fx.hi.resize(M * K), fx.lo.resize(M * K), fx.step.resize(M * G), fx.xsum.resize(M * G),
+      fx.csum.resize(M * G);
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) fixed_row(xin, m, K, G, gs, a8, fx);
   });
@@ -181,7 +179,18 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
 #endif
   const int64_t per = quads ? 4 : 2;  // k per dword
   const at::Tensor xc = x.contiguous();
-  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs, a8, amx ? 16 : 0);
+  const FixedX fx = fixed_x(xc.data_ptr<at::BFloat16>(), M, K, G, gs, a8);
+#ifdef OMNI_AMX_KERNELS
+  // x's codes as AMX tiles (zeros past row M, up to a multiple of 32 rows)
+  std::vector<int8_t> xt_hi(amx ? (M + 31) / 32 * 32 * K : 0), xt_lo(amx && !a8 ? xt_hi.size() : 0);
+  if (amx) {
+    at::parallel_for(0, (M + 15) / 16, 1, [&](int64_t t0, int64_t t1) {
+      const int64_t m0 = t0 * 16, rows = std::min(M, t1 * 16) - m0;
+      isa::amx_tiles_of_x(fx.hi.data() + m0 * K, rows, K, amx_kc, xt_hi.data() + m0 * K);
+      if (!a8) isa::amx_tiles_of_x(fx.lo.data() + m0 * K, rows, K, amx_kc, xt_lo.data() + m0 * K);
+    });
+  }
+#endif
   // x's codes, pairs or quads, tile by tile (the last tile's missing rows stay zero and are
   // never read); not for AMX
   constexpr int64_t R = isa::kTileRows;
@@ -206,6 +215,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
     std::vector<float> o(std::min(M, chunk) * kBlockN);
     alignas(64) float sc[kBlockN], ze[kBlockN];
 #ifdef OMNI_AMX_KERNELS
+    isa::AmxScratch amx_scratch;
     if (amx) isa::amx_configure(amx_kc);
 #endif
     for (int64_t b = b0; b < b1; ++b) {
@@ -215,6 +225,17 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
         block_scalar(static_cast<int>(M), wb, tail, sz, N, n0, K, gs, fx, 0, op, N);
         continue;
       }
+#ifdef OMNI_AMX_KERNELS
+      if (amx) {  // every row, every group, on AMX tiles (int4_avx512.cpp)
+        if (a8)
+          isa::block_amx<true>(wb, sz + n0 * 2, N, K, gs, amx_kc, fx, xt_hi.data(), xt_lo.data(),
+                               M, amx_scratch, op + n0, N);
+        else
+          isa::block_amx<false>(wb, sz + n0 * 2, N, K, gs, amx_kc, fx, xt_hi.data(), xt_lo.data(),
+                                M, amx_scratch, op + n0, N);
+        continue;
+      }
+#endif
       for (int64_t m0 = 0; m0 < M; m0 += chunk) {
         const int64_t rows = std::min(chunk, M - m0);
         std::fill(o.begin(), o.begin() + rows * kBlockN, 0.0f);
@@ -229,23 +250,6 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
           for (int j = 0; j < kBlockN; ++j)
             sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
           const GemmGroup gg{qb.data(), gs / per, sc, ze};
-#ifdef OMNI_AMX_KERNELS
-          if (amx) {
-            for (int64_t t = 0; t < rows; t += isa::kAmxRows) {
-              const int64_t r = m0 + t;
-              const GemmRows xr{nullptr, 0, fx.step.data() + r * G + g, fx.csum.data() + r * G + g,
-                                fx.xsum.data() + r * G + g, G};
-              const int tr = static_cast<int>(std::min<int64_t>(isa::kAmxRows, rows - t));
-              const int8_t* hi = fx.hi.data() + r * K + g * gs;
-              const int8_t* lo = fx.lo.data() + r * K + g * gs;
-              if (a8)
-                isa::tile_amx<true>(tr, gg, hi, lo, K, amx_kc, xr, o.data() + t * kBlockN);
-              else
-                isa::tile_amx<false>(tr, gg, hi, lo, K, amx_kc, xr, o.data() + t * kBlockN);
-            }
-            continue;
-          }
-#endif
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
             const GemmRows xr{c2.data() + r * K / per + g * gs / per * R, R,
