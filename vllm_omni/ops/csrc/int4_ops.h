@@ -21,6 +21,11 @@
 //   tile8(rows, group, x, o)     the GEMM tile on those quads and x's int8 codes in quads
 //                                (GemmRows::c2 then holds 4 codes of a row a dword)
 // Without them W4A8 runs on the 15-bit kernels, whose arithmetic its codes are written in.
+// The amx set (int4_avx512.cpp under OMNI_AMX) defines OMNI_AMX_KERNELS and
+//   amx_ready(), amx_chunk(gs), amx_configure(kc), amx_release()   AMX's permission and tiles
+//   amx_tiles_of_x(x, M, K, kc, xt)                                  x's codes as 1 KiB tiles
+//   block_amx<A8>(...)            the GEMM of one full block for every row, on AMX tiles
+// and its int4_gemm takes those instead of the tiles above wherever Linux grants AMX.
 //
 // OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size, activation_bits=16): y = x @ W^T for
 //   a few rows of x; activation_bits 8: W4A8 (int4_base.h).
@@ -166,7 +171,8 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   check_pack(packed, scales_zeros, K, group_size);
   const bool a8 = is_a8(activation_bits);
 #ifdef OMNI_AMX_KERNELS
-  // AMX tiles read x's codes as they are (fx.hi, fx.lo) and the weight's in quads, in both forms
+  // AMX tiles read x's codes laid out as tiles (xt_hi, xt_lo below) and the weight's in quads,
+  // for W4A16 and W4A8 alike
   const bool amx = isa::amx_ready();
   const int amx_kc = isa::amx_chunk(gs);
 #else
