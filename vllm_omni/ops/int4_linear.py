@@ -1,7 +1,7 @@
 """``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
 
-With one of vllm_omni's native kernel sets (:mod:`vllm_omni.ops.native`: amx, avx512,
-avx2 or portable), below ``row_threshold`` rows (decode) it runs the int4 GEMV on the packed weight, at or
+With one of vllm_omni's native kernel sets (:mod:`vllm_omni.ops.native`: amx, avx512, avx2 or
+portable), below ``row_threshold`` rows (decode) it runs the int4 GEMV on the packed weight, at or
 above it (prefill) the int4 GEMM, which takes the same integer dot products register-blocked over
 several rows of x: both give the same bits for a row, so the threshold is a matter of speed only.
 The op's CPU kernel is then the set's C++ twin of :func:`cpu_int4_linear` (same branches, same

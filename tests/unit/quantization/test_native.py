@@ -1,7 +1,8 @@
 """vllm_omni's native int4 kernel sets: each set this CPU can run is tested here (an AVX-512
-machine runs the avx512, avx2 and portable sets (and amx, where the CPU has AMX); an AVX2 one avx2 and portable; any other CPU
-portable), all of them give the same bits, they equal the Python paths, the ops use the set the
-CPU selects, and a machine that cannot build or run one falls back with a reason."""
+machine runs the avx512, avx2 and portable sets, and amx where the CPU has AMX; an AVX2 one
+avx2 and portable; any other CPU portable), all of them give the same bits, they equal the
+Python paths, the ops use the set the CPU selects, and a machine that cannot build or run one
+falls back with a reason."""
 
 import logging
 import os

@@ -526,9 +526,7 @@ void block_amx(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64
   for (int64_t g = 0; g < G; ++g) {
     unpack64_quads(wb + g * gs * kBlockN / 2, gs, s.qb.data() + g * gs / 4 * kBlockN, 16,
                    fb_next);
-    const at::BFloat16* p = sz + g * n_total * 2;
-    for (int j = 0; j < kBlockN; ++j)
-      s.sc[g * kBlockN + j] = bf16_to_float(p[2 * j]), s.ze[g * kBlockN + j] = bf16_to_float(p[2 * j + 1]);
+    scales_zeros64(sz + g * n_total * 2, s.sc.data() + g * kBlockN, s.ze.data() + g * kBlockN);
   }
   for (int64_t m0 = 0; m0 < M; m0 += kAmxPassRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kAmxPassRows, M - m0));

@@ -101,6 +101,12 @@ inline void fixed_point_scalar(const at::BFloat16* x, int64_t K, int64_t gs, int
   }
 }
 
+// The 64 (scale, zero) bf16 pairs of a full block's group (p: the first) as fp32 sc[j], ze[j].
+inline void scales_zeros64(const at::BFloat16* p, float* sc, float* ze) {
+  for (int j = 0; j < kBlockN; ++j)
+    sc[j] = bf16_to_float(p[2 * j]), ze[j] = bf16_to_float(p[2 * j + 1]);
+}
+
 // The float finishing of one group for `n` rows: dot (exact ints) -> y.
 inline void finish_group(const int32_t* dot, int64_t n, const at::BFloat16* sz, float step,
                          int32_t csum, float xsum, float* y) {

@@ -179,7 +179,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   constexpr bool amx = false;
 #endif
 #ifdef OMNI_A8_KERNELS
-  const bool quads = a8 || amx;  // 8-bit products: 4 k a dword of codes and of x
+  const bool quads = a8;  // 8-bit products: 4 k a dword of codes and of x
 #else
   const bool quads = false;
 #endif
@@ -217,8 +217,9 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
   const int64_t full = N / kBlockN, tail = N % kBlockN;
   const int64_t chunk = gemm_chunk_rows(M);
   at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
-    std::vector<int32_t> qb(gs / 2 * kBlockN);  // pairs: gs / 2 dwords a row; quads: half
-    std::vector<float> o(std::min(M, chunk) * kBlockN);
+    // the tiles' codes (pairs: gs / 2 dwords a row; quads: half) and fp32 outputs; AMX has its own
+    std::vector<int32_t> qb(amx ? 0 : gs / 2 * kBlockN);
+    std::vector<float> o(amx ? 0 : std::min(M, chunk) * kBlockN);
     alignas(64) float sc[kBlockN], ze[kBlockN];
 #ifdef OMNI_AMX_KERNELS
     isa::AmxScratch amx_scratch;
@@ -252,9 +253,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& packed,
           else
 #endif
             isa::unpack64(wb + g * gs * kBlockN / 2, gs, qb.data());
-          const at::BFloat16* s = sz + (g * N + n0) * 2;
-          for (int j = 0; j < kBlockN; ++j)
-            sc[j] = bf16_to_float(s[2 * j]), ze[j] = bf16_to_float(s[2 * j + 1]);
+          scales_zeros64(sz + (g * N + n0) * 2, sc, ze);
           const GemmGroup gg{qb.data(), gs / per, sc, ze};
           for (int64_t t = 0; t < rows; t += isa::kTileRows) {
             const int64_t r = m0 + t;
