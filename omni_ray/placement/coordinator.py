@@ -41,7 +41,7 @@ from omni_ray.placement.schedule import (Job, Scheduler, SlotRef, bundles, descr
 from omni_ray.results.provenance import collect, package_versions
 from omni_ray.results.record import make_record
 from omni_ray.results.replicas import aggregate
-from omni_ray.results.store import read_json, write_json_atomic
+from omni_ray.results.store import LOGS_DIR, read_json, write_json_atomic
 
 BUSY_WAIT_S = 30.0
 PROGRESS_S = 2.0  # how often the running actors are asked for their phase and RSS
@@ -290,7 +290,7 @@ class Coordinator:
             self._emit(self.events.on_dispatch, t, slot_name)
         req = dataclasses.replace(engine_request(task, self.live_stats),
                                   then=tuple(t.arm.workload for t in tasks[1:]))
-        ref = actor.run.remote(req, str(task.out_dir / "logs"), task.name,
+        ref = actor.run.remote(req, str(task.out_dir / LOGS_DIR), task.name,
                                sum(t.arm.timeout_s for t in tasks), task.arm.stage.warm_start)
         self.running[ref] = (task, slot_res, actor, t0, where, pf, tasks)
         self._count_running(task.sweep.name)
@@ -356,7 +356,7 @@ class Coordinator:
         the cause is its node's loss when the node is lost, and the engine log's tail."""
         error = f"stage actor died: {str(exc).splitlines()[0]}"
         lost = self._node_lost(slot.node_id, probe=True)
-        return died_result(task.out_dir / "logs", name,
+        return died_result(task.out_dir / LOGS_DIR, name,
                            error if lost is None else f"{lost}; {error}")
 
     def _result_of(self, task: Task, name: str, slot: SlotRef, ref) -> dict:
@@ -372,7 +372,7 @@ class Coordinator:
         its node was lost, and its result with it."""
         task, slot_res, actor, t0, where, pf, tasks = self.running.pop(ref)
         if lost is not None:
-            result = died_result(task.out_dir / "logs", task.name,
+            result = died_result(task.out_dir / LOGS_DIR, task.name,
                                  f"{lost}; the arm's stage actor and engine were on it")
         else:
             result = self._result_of(task, task.name, slot_res, ref)
@@ -470,7 +470,7 @@ class Coordinator:
             actors, wheres, pf = held
             req = engine_request(task, self.live_stats)
             with self._running_replicated(task.sweep.name):
-                refs = [a.run.remote(req, str(task.out_dir / "logs"), f"{task.name}.r{i}",
+                refs = [a.run.remote(req, str(task.out_dir / LOGS_DIR), f"{task.name}.r{i}",
                                      task.arm.timeout_s, task.arm.stage.warm_start, barrier=True)
                         for i, a in enumerate(actors)]
                 self._release_together(actors, refs, task.arm.timeout_s)
@@ -500,7 +500,7 @@ class Coordinator:
                 node_cpus=tuple((w["numa_node"], tuple(w["slot"]["cpus"])) for w in wheres[1:]))
             with self._running_replicated(task.sweep.name):
                 result = self._result_of(task, task.name, slots[0], actors[0].run.remote(
-                    req, str(task.out_dir / "logs"), task.name, task.arm.timeout_s, False))
+                    req, str(task.out_dir / LOGS_DIR), task.name, task.arm.timeout_s, False))
             label = "+".join(s.label for s in slots)
             self._write(task, make_arm_record(
                 task, self.run_id, result, slot={"label": label, **wheres[0], "slots": wheres},
@@ -545,7 +545,7 @@ class Coordinator:
                 with self._running_replicated(sweep.name):
                     result = self._result_of(task, f"{name}.a", slots[0],
                                              actors[0].run_pair.remote(
-                                                 reqs, str(out_dir / "logs"), name, timeout,
+                                                 reqs, str(out_dir / LOGS_DIR), name, timeout,
                                                  compare.pairs))
             sides = result.get("sides") or [{}, {}]
             turns = [(s.get("measurements") or {}).get("turns") or [] for s in sides]

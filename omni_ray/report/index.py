@@ -11,14 +11,18 @@ from pathlib import Path
 from omni_ray.errors import UserError
 from omni_ray.report.metric import BY_NAME, HEADLINE, MEMORY_HEADLINE, fmt
 from omni_ray.report.run import RECORD_GLOB, Run, load_run
-from omni_ray.results.store import read_json, write_text_atomic
+from omni_ray.results.store import LOGS_DIR, read_json, write_text_atomic
+from omni_ray.results.summary import hardware
 
 INDEX_NAME = "INDEX.md"
 
 
 def _run_dirs(root: Path) -> list[Path]:
-    """Directories holding arm records (``*.pN.json``), sorted."""
-    return sorted({p.parent for p in root.rglob(RECORD_GLOB)})
+    """Directories holding arm records (``*.pN.json``), sorted; not a run's ``logs/``, whose
+    ``*.pN.request.json`` and ``*.pN.result.json`` match the glob too (the sweep's inputs and its
+    runner's raw answers, not records)."""
+    return sorted({p.parent for p in root.rglob(RECORD_GLOB)
+                   if not (p.parent.name == LOGS_DIR and any(p.parent.parent.glob(RECORD_GLOB)))})
 
 
 def _date(run: Run) -> str:
@@ -85,7 +89,7 @@ def render_index(root: str | os.PathLike) -> str:
             problems.append(f"- {d.relative_to(root)}: unreadable ({type(e).__name__}: {e})")
             continue
         in_runs.add(d)
-        cpu = run.cpu.get("brand") or "?"
+        cpu = hardware(run.provenance) or "?"
         state = "RETRACTED" if run.is_retracted else (
             "partly retracted" if any(a.retracted for a in run.arms) else "")
         if run.skipped:

@@ -14,6 +14,10 @@ from typing import Any
 
 from omni_ray.errors import UserError
 
+# A run directory's subdirectory of each arm pass's request, log and runner answer
+# (``<arm>.pN.request.json``, ``.log``, ``.result.json``); the records sit beside it.
+LOGS_DIR = "logs"
+
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically, creating parent directories."""

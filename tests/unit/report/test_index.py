@@ -29,3 +29,25 @@ def test_index_lists_runs_and_other_files_without_crashing(make_run, tmp_path):
     path = write_index(root)
     assert path == root / "INDEX.md" and path.read_text() == text
     assert "INDEX.md" not in render_index(root)  # it does not list itself
+
+
+def test_index_names_the_cpu_and_skips_a_runs_logs(make_run, tmp_path):
+    from tests.unit.report.fakes import PROVENANCE
+
+    prov = dict(PROVENANCE, cpu={"brand": "AMD EPYC", "family": 26, "model": 2,
+                                 "flags": ["avx2", "avx512f", "avx512vnni"]},
+                llc={"level": 3, "size_bytes": 32 << 20, "instances": ["0-1"]})
+    run = make_run("zen5", {"x=1": [{"decode_tok_s": 10.0}]}, provenance=prov)
+    logs = run / "logs"  # what the coordinator writes beside the records
+    logs.mkdir()
+    (logs / "id-x=1.p1.request.json").write_text('{"model": "tiny"}')
+    (logs / "id-x=1.p1.result.json").write_text('{"status": "ok"}')
+    (logs / "id-x=1.p1.log").write_text("engine log")
+    text = render_index(tmp_path)
+    row = next(line for line in text.splitlines() if "(zen5/2026" in line)
+    assert "AMD EPYC (family 26 model 2); ISA avx512_vnni avx512f; LLC 32 MiB L3 x1" in row
+    assert "could not be read" not in text and "logs" not in text.split("## Other files")[0]
+    # a directory named logs that is not inside a run is read like any other
+    (tmp_path / "other" / "logs").mkdir(parents=True)
+    (tmp_path / "other" / "logs" / "x.p1.json").write_text("{")
+    assert "- other/logs: " in render_index(tmp_path)
