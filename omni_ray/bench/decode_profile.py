@@ -3,7 +3,10 @@
     python -m omni_ray.bench.decode_profile REQ.json OUT.json
 
 REQ is an engine request as ``omni_ray.engine.runner`` takes it (model, stage, cpus, node) plus
-``profile``: {prompt_len, output_len, repeats}. The engine is built in this process
+``profile``: {prompt_len, output_len, repeats, compiled}. The engine is eager unless
+``compiled`` is true (then the stage's own compile settings, e.g. ``cpp_wrapper`` and
+``serial_kernels``, as a sweep runs them; the compiled graph calls the attention and its own
+kernels directly, so both count as "other model ops"). It is built in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0, set with the runner's ``engine_env`` before vLLM is imported,
 after pinning), so the profiler sees the model's ops, the sampler and vLLM's own step work.
 
@@ -185,20 +188,31 @@ def run(req: dict) -> dict:
                                     - per_step["lm_head_logits_ms"] - per_step["sampling_ms"])
     per_step["profiler_overhead_ms"] = per_step["profiled_wall_ms"] - wall_step_ms
     per_step["rest_ms"] = per_step["other_model_ops_ms"] + per_step["outside_model_ms"]
+    from omni_ray.results.provenance import collect
+    from omni_ray.results.summary import hardware
+
+    provenance = collect()
     return {"status": "ok", "per_step_ms": per_step, "ranges_applied": applied,
             "vocab_size": vocab, "prompt_len": plen, "output_len": n, "repeats": repeats,
             "t_one_s": t1, "t_n_s": tn,
             "profiled_wall_s": {"1": w1, str(n): wn}, "torch_threads": torch.get_num_threads(),
-            "patch_report": vllm_omni.patch_report(), "top_ops_self_cpu": top}
+            "patch_report": vllm_omni.patch_report(), "top_ops_self_cpu": top,
+            "compiled": not req["stage"].get("enforce_eager"), "provenance": provenance,
+            "hardware": hardware(provenance)}
 
 
 def main(argv: list[str] | None = None) -> None:
     from omni_ray.engine.runner import serve
 
-    def in_process_eager(req: dict) -> dict:
-        return dict(req, stage=dict(req["stage"], multiprocessing=False, enforce_eager=True))
+    serve(run, argv, adjust=in_process, typed=False)
 
-    serve(run, argv, adjust=in_process_eager, typed=False)
+
+def in_process(req: dict) -> dict:
+    """The request as run here: vLLM in this process, eager unless ``profile.compiled``."""
+    stage = dict(req["stage"], multiprocessing=False)
+    if not (req.get("profile") or {}).get("compiled"):
+        stage["enforce_eager"] = True
+    return dict(req, stage=stage)
 
 
 if __name__ == "__main__":
