@@ -21,8 +21,8 @@ def _run_dirs(root: Path) -> list[Path]:
     """Directories holding arm records (``*.pN.json``), sorted; not a run's ``logs/``, whose
     ``*.pN.request.json`` and ``*.pN.result.json`` match the glob too (the sweep's inputs and its
     runner's raw answers, not records)."""
-    return sorted({p.parent for p in root.rglob(RECORD_GLOB)
-                   if not (p.parent.name == LOGS_DIR and any(p.parent.parent.glob(RECORD_GLOB)))})
+    dirs = {p.parent for p in root.rglob(RECORD_GLOB)}
+    return sorted(d for d in dirs if not (d.name == LOGS_DIR and d.parent in dirs))
 
 
 def _date(run: Run) -> str:
