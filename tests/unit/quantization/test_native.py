@@ -377,6 +377,55 @@ def _fresh(code: str, **env) -> list[str]:
     return out.stdout.splitlines()
 
 
+# A fresh process in which Linux refuses AMX's tile data: a seccomp filter, installed before
+# anything else runs (so every later thread has it), makes arch_prctl(ARCH_REQ_XCOMP_PERM, ...)
+# fail with EPERM, as a kernel before 5.16 or a sandbox would.
+_REFUSE_AMX = """
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+LOAD, JEQ, RET = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+ALLOW, EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+code = [(LOAD, 0, 0, 4), (JEQ, 0, 5, 0xC000003E),  # seccomp_data.arch == AUDIT_ARCH_X86_64
+        (LOAD, 0, 0, 0), (JEQ, 0, 3, 158),          # .nr == SYS_arch_prctl
+        (LOAD, 0, 0, 16), (JEQ, 0, 1, 0x1023),      # .args[0] == ARCH_REQ_XCOMP_PERM
+        (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
+prog = Program(len(code), (Filter * len(code))(*[Filter(*c) for c in code]))
+if libc.prctl(38, 1, 0, 0, 0) or libc.syscall(317, 1, 1, ctypes.byref(prog)):
+    print("no seccomp here")  # PR_SET_NO_NEW_PRIVS; seccomp(SET_MODE_FILTER, TSYNC)
+    raise SystemExit(0)
+assert libc.syscall(158, 0x1023, 18) == -1 and ctypes.get_errno() == errno.EPERM
+"""
+
+
+@pytest.mark.skipif("amx" not in SETS, reason="the CPU has no AMX: no amx set to refuse")
+def test_the_amx_set_refused_its_tiles_runs_its_gemm_on_the_avx512_tiles():
+    """Linux gives a process AMX's tile data only once it asks; refused, the amx set's GEMM takes
+    the avx512 set's tiles (amx_ready). A tile instruction run without the permission would end
+    the process with SIGILL; here it gives the avx512 set's bits, prefill rows and decode rows."""
+    out = _fresh(_REFUSE_AMX + (
+        "import torch\n"
+        "from vllm_omni.ops import int4_pack, native\n"
+        "from vllm_omni.quantization import grid\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "qw = grid.quantize(torch.randn(240, 4864, generator=g).bfloat16(), 128)\n"
+        "packed, sz = int4_pack.repack(qw.packed, qw.scale, qw.zero)\n"
+        "for rows in (1, 40, 300):\n"
+        "    x = torch.randn(rows, 4864, generator=g).bfloat16()\n"
+        "    amx, avx512 = native.ops('amx'), native.ops('avx512')\n"
+        "    same = all(torch.equal(getattr(amx, op)(x, packed, sz, 128),\n"
+        "                           getattr(avx512, op)(x, packed, sz, 128))\n"
+        "               for op in ('int4_gemm', 'int4_gemv'))\n"
+        "    print(rows, amx.kernel_set(), same)\n"))
+    if out == ["no seccomp here"]:
+        pytest.skip("this kernel refuses a seccomp filter: no way to refuse AMX here")
+    assert out == ["1 amx True", "40 amx True", "300 amx True"], out
+
+
 def test_without_the_native_library_the_python_kernels_run():
     """A fresh process with the native sets switched off registers the Python functions."""
     out = _fresh(
