@@ -170,9 +170,13 @@ class LlamaCppEngine:
                              quantization=req.stage.quantization)
 
     def report(self) -> dict:
+        from omni_ray.peers import llamacpp
+
         return {"engine_report": {
             "llamacpp": {"build": self.llama.as_dict() if self.llama else None,
-                         "gguf": str(self.gguf) if self.gguf else None, "runs": self.runs}}}
+                         "gguf": str(self.gguf) if self.gguf else None,
+                         "gguf_build": llamacpp.build_records(self.gguf) if self.gguf else [],
+                         "runs": self.runs}}}
 
 
 def _run_child(session: Session, label: str, cmd: list[str], out_path: Path, err_path: Path,

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from omni_ray import envs
 from omni_ray.errors import UserError
+from omni_ray.results.store import write_json_atomic
 
 PYDIST_VERSION = "0.94.0"  # keep equal to the `bench` extra in pyproject.toml (a unit test checks)
 BINARIES = ("llama-bench", "llama-quantize")
@@ -170,17 +171,20 @@ def _work_dir(cache_dir: Path) -> Path:
 
 def _run_logged(step: str, cmd: Sequence[str | os.PathLike], log: Path, *,
                 env: dict | None = None, cwd: Path | None = None, timeout: float | None = None,
-                stdout_to: Path | None = None) -> None:
-    """Run ``cmd``, stderr (and stdout unless ``stdout_to``) into ``log``; UserError if it fails."""
+                stdout_to: Path | None = None) -> dict:
+    """Run ``cmd``, stderr (and stdout unless ``stdout_to``) into ``log``; UserError if it fails.
+    Returns the step's ``seconds`` and ``peak_rss_bytes`` (``_wait_sampling_peak``)."""
     cmd = [str(c) for c in cmd]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as lf:
         lf.write(f"$ {shlex.join(cmd)}\n")
         lf.flush()
         out = open(stdout_to, "w") if stdout_to else lf
+        t0 = time.monotonic()
         try:
-            rc = subprocess.run(cmd, stdout=out, stderr=lf, env=env, cwd=cwd, timeout=timeout,
-                                stdin=subprocess.DEVNULL).returncode
+            proc = subprocess.Popen(cmd, stdout=out, stderr=lf, env=env, cwd=cwd,
+                                    stdin=subprocess.DEVNULL)
+            peak = _wait_sampling_peak(proc, timeout)
         except FileNotFoundError as exc:
             raise UserError(f"llama.cpp {step}: cannot run {cmd[0]!r} ({exc.strerror}); "
                             f"see {log}") from None
@@ -189,9 +193,44 @@ def _run_logged(step: str, cmd: Sequence[str | os.PathLike], log: Path, *,
         finally:
             if stdout_to:
                 out.close()
+    rc = proc.returncode
     if rc != 0:
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
         raise UserError(f"llama.cpp {step} failed ({how}); see {log}")
+    return {"seconds": round(time.monotonic() - t0, 3), "peak_rss_bytes": peak}
+
+
+PEAK_RSS_HOW = ("VmHWM of the step's process (/proc/PID/status), read while it runs, every "
+                "0.1 s at most: its own high-water mark, not its parent's (wait4's ru_maxrss "
+                "carries the RSS of the process that spawned it)")
+
+
+def _vm_hwm_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0  # gone, a zombie, or not Linux
+
+
+def _wait_sampling_peak(proc: subprocess.Popen, timeout: float | None) -> int:
+    """Wait for ``proc`` (past ``timeout`` seconds: killed, TimeoutExpired) and return the
+    largest VmHWM read meanwhile (``PEAK_RSS_HOW``); 0 if it ended before the first read."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay, peak = 0.001, 0
+    while True:
+        peak = max(peak, _vm_hwm_bytes(proc.pid))
+        if proc.poll() is not None:
+            return peak
+        if deadline is not None and time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 @contextmanager
@@ -606,12 +645,13 @@ def convert(hf_dir: str | os.PathLike, out_gguf: str | os.PathLike, outtype: str
     src = ensure_source(cache_dir)
     tmp = _tmp_path(out_gguf)
     log = _work_dir(cache_dir) / "logs" / f"convert-{out_gguf.stem}.log"
+    cmd = convert_command(src, hf_dir, tmp, outtype, pre_tokenizer)
     try:
-        _run_logged("convert", convert_command(src, hf_dir, tmp, outtype, pre_tokenizer), log,
-                    env=_child_env())
+        figures = _run_logged("convert", cmd, log, env=_child_env())
         tmp.replace(out_gguf)
     finally:
         tmp.unlink(missing_ok=True)
+    _write_build_record(out_gguf, "convert", hf_dir, outtype, cmd, figures)
     return out_gguf
 
 
@@ -628,11 +668,51 @@ def quantize(gguf_in: str | os.PathLike, gguf_out: str | os.PathLike, qtype: str
     tmp = _tmp_path(gguf_out)
     cmd = [llama.llama_quantize, gguf_in, tmp, qtype, *([str(threads)] if threads else [])]
     try:
-        _run_logged("quantize", cmd, llama.logs_dir / f"quantize-{gguf_out.stem}.log")
+        figures = _run_logged("quantize", cmd, llama.logs_dir / f"quantize-{gguf_out.stem}.log")
         tmp.replace(gguf_out)
     finally:
         tmp.unlink(missing_ok=True)
+    _write_build_record(gguf_out, "quantize", gguf_in, qtype, cmd, figures)
     return gguf_out
+
+
+# What made a GGUF, beside it: the step, its input, time and peak RSS (issue #29: a model's
+# build steps record their peak memory, so an 8B GGUF is known to build on the machine at hand).
+BUILD_RECORD_SUFFIX = ".build.json"
+
+
+def build_record_path(gguf: str | os.PathLike) -> Path:
+    return Path(f"{gguf}{BUILD_RECORD_SUFFIX}")
+
+
+def _write_build_record(out: Path, step: str, source: Path, kind: str, cmd: Sequence,
+                        figures: dict) -> None:
+    write_json_atomic(build_record_path(out), {
+        "step": step, "input": str(source), "output": str(out), "type": kind,
+        "output_bytes": out.stat().st_size, **figures,
+        "peak_rss_how": PEAK_RSS_HOW,
+        "command": [str(c) for c in cmd],
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def build_records(gguf: str | os.PathLike) -> list[dict]:
+    """The build records of ``gguf`` and of the GGUF it was quantized from, first step first
+    (none for a file made before they were written)."""
+    records, path = [], Path(gguf)
+    while (rec := _read_json(build_record_path(path))) is not None:
+        records.insert(0, rec)
+        path = Path(rec.get("input", ""))
+        if rec.get("step") != "quantize":
+            break
+    return records
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @dataclasses.dataclass(frozen=True)

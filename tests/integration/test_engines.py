@@ -62,6 +62,9 @@ def test_one_sweep_runs_vllm_llamacpp_and_transformers_arms(llamacpp_buildable, 
     # llama-bench ran as a child of the pinned runner, and its threads were read back
     assert recs["llamacpp"]["pinning"]["processes"] >= 2
     assert recs["llamacpp"]["engine_report"]["llamacpp"]["runs"][1]["n_depth"] == 16
+    # the arm's bf16 GGUF was converted for it (the test's own cache): the record says how
+    (conv,) = recs["llamacpp"]["engine_report"]["llamacpp"]["gguf_build"]
+    assert conv["step"] == "convert" and conv["type"] == "bf16" and conv["peak_rss_bytes"] > 0
     # llama.cpp at its best: -fa on and off tried (one thread: the slot has one CPU), the figure
     # is the fastest setting's and the record names it
     llama = recs["llamacpp"]["measurements"]

@@ -1,5 +1,6 @@
 """llama.cpp at its best, for real: one llama-bench run over -fa on/off and the slot's thread
-counts on the tiny shape's Q4_0 GGUF, and the best record per test is the fastest one.
+counts on the tiny shape's Q4_0 GGUF, and the best record per test is the fastest one. The
+GGUF's two build steps (convert, quantize) left their records beside the files.
 
 Builds llama.cpp into the test's cache once when there is none (``llamacpp.ensure_built``: 4-6
 minutes of both cores; later runs reuse it); skips, saying so, only where the build tools
@@ -49,3 +50,13 @@ def test_the_best_setting_per_depth_is_the_fastest_tried(q4_gguf):
         assert b["avg_ts"] == max(t["avg_ts"] for t in b["tried"])
         assert b["setting"]["flash_attn"] in llamacpp.TUNED_FLASH_ATTN
         assert b["setting"]["threads"] in llamacpp.thread_candidates(len(cpus))
+
+
+def test_the_gguf_steps_record_their_time_and_peak_rss(q4_gguf):
+    records = llamacpp.build_records(q4_gguf)
+    assert [r["step"] for r in records] == ["convert", "quantize"]
+    assert records[1]["output"] == str(q4_gguf) and records[1]["input"] == records[0]["output"]
+    for r in records:
+        assert r["output_bytes"] == os.path.getsize(r["output"])
+        assert 10 << 20 < r["peak_rss_bytes"] < 4 << 30, r  # a process, not the machine
+        assert r["seconds"] > 0

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -429,6 +430,42 @@ def test_step_failure_names_the_step_and_the_log(tmp_path):
         llamacpp._run_logged("bench", ["sh", "-c", "kill -SEGV $$"], tmp_path / "s.log")
     with pytest.raises(UserError, match=r"llama.cpp build: cannot run '/nonexistent/cmake'"):
         llamacpp._run_logged("build", ["/nonexistent/cmake"], tmp_path / "b.log")
+
+
+def test_a_step_reports_its_time_and_the_peak_rss_of_its_process(tmp_path):
+    """What a GGUF build step records: the child's own largest resident set, here a Python
+    child that writes 300 MiB and lives on a little, against a shell that writes nothing,
+    whatever this process holds (200 MiB more here: wait4's figure would carry it)."""
+    ballast = b"y" * (200 << 20)
+    grow = [sys.executable, "-c", "import time; b = b'x' * (300 << 20); time.sleep(0.5)"]
+    big = llamacpp._run_logged("quantize", grow, tmp_path / "big.log")
+    small = llamacpp._run_logged("quantize", ["sh", "-c", "sleep 0.3"], tmp_path / "small.log")
+    assert 300 << 20 < big["peak_rss_bytes"] < 1 << 30, big
+    assert 0 < small["peak_rss_bytes"] < 64 << 20, small
+    assert big["seconds"] >= 0.5 and small["seconds"] >= 0.3
+    assert len(ballast) == 200 << 20
+
+
+def test_a_step_past_its_timeout_is_killed_and_named(tmp_path):
+    with pytest.raises(UserError, match=r"llama.cpp bench timed out after 0.3 s; see "):
+        llamacpp._run_logged("bench", ["sleep", "30"], tmp_path / "t.log", timeout=0.3)
+
+
+def test_build_records_follow_a_quantized_gguf_back_to_its_conversion(tmp_path):
+    base, q4 = tmp_path / "model-bf16.gguf", tmp_path / "model-bf16-Q4_0.gguf"
+    for path in (base, q4):
+        path.write_bytes(b"GGUF" * 8)
+    figures = {"seconds": 1.5, "peak_rss_bytes": 5 << 20}
+    llamacpp._write_build_record(base, "convert", tmp_path / "hf", "bf16", ["convert"], figures)
+    llamacpp._write_build_record(q4, "quantize", base, "Q4_0", ["llama-quantize"], figures)
+    records = llamacpp.build_records(q4)
+    assert [(r["step"], r["type"], r["output_bytes"]) for r in records] == [
+        ("convert", "bf16", 32), ("quantize", "Q4_0", 32)]
+    assert records[1]["input"] == str(base) and records[0]["peak_rss_bytes"] == 5 << 20
+    assert llamacpp.build_records(base) == records[:1]
+    other = tmp_path / "older.gguf"  # made before build records existed
+    other.write_bytes(b"GGUF")
+    assert llamacpp.build_records(other) == []
 
 
 def test_cli_user_error_is_one_line_exit_2(tmp_path, capsys, no_subprocess):
