@@ -221,16 +221,19 @@ def _wait_sampling_peak(proc: subprocess.Popen, timeout: float | None) -> int:
     largest VmHWM read meanwhile (``PEAK_RSS_HOW``); 0 if it ended before the first read."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay, peak = 0.001, 0
-    while True:
-        peak = max(peak, _vm_hwm_bytes(proc.pid))
-        if proc.poll() is not None:
-            return peak
-        if deadline is not None and time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    try:
+        while True:
+            peak = max(peak, _vm_hwm_bytes(proc.pid))
+            if proc.poll() is not None:
+                return peak
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+    except BaseException:  # the timeout, or Ctrl-C: no step goes on writing behind our back
+        proc.kill()
+        proc.wait()
+        raise
 
 
 @contextmanager
@@ -698,8 +701,9 @@ def _write_build_record(out: Path, step: str, source: Path, kind: str, cmd: Sequ
 def build_records(gguf: str | os.PathLike) -> list[dict]:
     """The build records of ``gguf`` and of the GGUF it was quantized from, first step first
     (none for a file made before they were written)."""
-    records, path = [], Path(gguf)
-    while (rec := _read_json(build_record_path(path))) is not None:
+    records, path, seen = [], Path(gguf), set()
+    while path not in seen and (rec := _read_json(build_record_path(path))) is not None:
+        seen.add(path)
         records.insert(0, rec)
         path = Path(rec.get("input", ""))
         if rec.get("step") != "quantize":

@@ -447,8 +447,12 @@ def test_a_step_reports_its_time_and_the_peak_rss_of_its_process(tmp_path):
 
 
 def test_a_step_past_its_timeout_is_killed_and_named(tmp_path):
+    pid_file = tmp_path / "pid"
     with pytest.raises(UserError, match=r"llama.cpp bench timed out after 0.3 s; see "):
-        llamacpp._run_logged("bench", ["sleep", "30"], tmp_path / "t.log", timeout=0.3)
+        llamacpp._run_logged("bench", ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 30"],
+                             tmp_path / "t.log", timeout=0.3)
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+        os.kill(int(pid_file.read_text()), 0)
 
 
 def test_build_records_follow_a_quantized_gguf_back_to_its_conversion(tmp_path):
@@ -466,6 +470,10 @@ def test_build_records_follow_a_quantized_gguf_back_to_its_conversion(tmp_path):
     other = tmp_path / "older.gguf"  # made before build records existed
     other.write_bytes(b"GGUF")
     assert llamacpp.build_records(other) == []
+    odd = tmp_path / "odd.gguf"  # a record that names its own file as its input ends the walk
+    odd.write_bytes(b"GGUF")
+    llamacpp._write_build_record(odd, "quantize", odd, "Q4_0", ["llama-quantize"], figures)
+    assert [r["output"] for r in llamacpp.build_records(odd)] == [str(odd)]
 
 
 def test_cli_user_error_is_one_line_exit_2(tmp_path, capsys, no_subprocess):
