@@ -12,10 +12,12 @@ import dataclasses
 from collections.abc import Iterator
 
 
-def _status_bytes(field: str, status: str | None = None) -> int | None:
+def _status_bytes(field: str, status: str | None = None, pid: int | str = "self") -> int | None:
+    """A kB field of /proc/PID/status in bytes; None when the process is gone (or a zombie,
+    which has no memory fields) or the file cannot be read."""
     if status is None:
         try:
-            with open("/proc/self/status") as f:
+            with open(f"/proc/{pid}/status") as f:
                 status = f.read()
         except OSError:
             return None
@@ -29,8 +31,9 @@ def rss_bytes() -> int | None:
     return _status_bytes("VmRSS")
 
 
-def peak_rss_bytes() -> int | None:
-    return _status_bytes("VmHWM")
+def peak_rss_bytes(pid: int | str = "self") -> int | None:
+    """VmHWM: the high-water mark of the process's RSS (this one's by default)."""
+    return _status_bytes("VmHWM", pid=pid)
 
 
 def reset_peak() -> bool:

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from omni_ray import envs
 from omni_ray.errors import UserError
+from omni_ray.measure.peak import peak_rss_bytes
 from omni_ray.results.store import write_json_atomic
 
 PYDIST_VERSION = "0.94.0"  # keep equal to the `bench` extra in pyproject.toml (a unit test checks)
@@ -205,17 +206,6 @@ PEAK_RSS_HOW = ("VmHWM of the step's process (/proc/PID/status), read while it r
                 "carries the RSS of the process that spawned it)")
 
 
-def _vm_hwm_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0  # gone, a zombie, or not Linux
-
-
 def _wait_sampling_peak(proc: subprocess.Popen, timeout: float | None) -> int:
     """Wait for ``proc`` (past ``timeout`` seconds: killed, TimeoutExpired) and return the
     largest VmHWM read meanwhile (``PEAK_RSS_HOW``); 0 if it ended before the first read."""
@@ -223,7 +213,7 @@ def _wait_sampling_peak(proc: subprocess.Popen, timeout: float | None) -> int:
     delay, peak = 0.001, 0
     try:
         while True:
-            peak = max(peak, _vm_hwm_bytes(proc.pid))
+            peak = max(peak, peak_rss_bytes(proc.pid) or 0)  # None: gone, or not Linux
             if proc.poll() is not None:
                 return peak
             if deadline is not None and time.monotonic() > deadline:
