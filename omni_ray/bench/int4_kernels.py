@@ -10,8 +10,9 @@
    ``native-avx2``; the portable set is left out, it is scalar), the best set's with the other
    weight prefetch mode (non-temporal instead of into L2; ``set_weight_prefetch``), and again on
    a copy of the weights in vllm_omni's weight arena (``native-<set>-huge``: huge pages, where
-   the engine keeps them; the others read torch's allocations), and there with W4A8's x
-   (``native-<set>-huge-a8``: cpu_int4_a8).
+   the engine keeps them; the others read torch's allocations), there with W4A8's x
+   (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one block of weights at a time
+   instead of two (``native-<set>-huge-1stream``; ``set_gemv_streams``, a set that pairs blocks).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -64,29 +65,33 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     xs = {k: torch.randn(1, k, generator=gen).bfloat16() for k in {k for k, _, _ in weights}}
     huge = [(k, weight_arena.copy(p), weight_arena.copy(s)) for k, p, s in weights]
     best = status.kernel_set
-    # name -> (the kernel set, its weight prefetch for the pass, the weights, the kernel)
+    # name -> (the kernel set, its (weight prefetch, GEMV streams) for the pass, the weights,
+    # the kernel)
     kernels = {}
     if int4_pack.torch_reads_pack():
-        kernels["torch"] = (None, None, weights, lambda k, p, s: (
+        kernels["torch"] = (None, (None, None), weights, lambda k, p, s: (
             torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p, GROUP_SIZE, s)))
     for ks in native.runnable():
         if ks.name != "portable" and native.load_set(ks.name).available:
             gemv = native.ops(ks.name).int4_gemv
-            kernels[f"native-{ks.name}"] = (ks.name, "l2", weights,
+            kernels[f"native-{ks.name}"] = (ks.name, ("l2", 2), weights,
                                             lambda k, p, s, g=gemv: g(xs[k], p, s, GROUP_SIZE))
     gemv = native.ops(best).int4_gemv
-    kernels[f"native-{best}-nta"] = (best, "nta", weights,
+    kernels[f"native-{best}-nta"] = (best, ("nta", 2), weights,
                                      lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge"] = (best, "l2", huge,
+    kernels[f"native-{best}-huge"] = (best, ("l2", 2), huge,
                                       lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge-a8"] = (best, "l2", huge,
+    kernels[f"native-{best}-huge-a8"] = (best, ("l2", 2), huge,
                                          lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, 8))
+    kernels[f"native-{best}-huge-1stream"] = (best, ("l2", 1), huge,
+                                              lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
     ms = {name: [] for name in kernels}
     try:
         for _ in range(passes + 1):  # the first pass warms up and is dropped
-            for name, (kset, prefetch, ws, fn) in kernels.items():
+            for name, (kset, (prefetch, streams), ws, fn) in kernels.items():
                 if kset:
                     native.ops(kset).set_weight_prefetch(prefetch)
+                    native.ops(kset).set_gemv_streams(streams)
                 t0 = time.perf_counter()
                 for k, p, s in ws:
                     fn(k, p, s)
@@ -94,6 +99,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     finally:
         for kset in {v[0] for v in kernels.values()} - {None}:
             native.ops(kset).set_weight_prefetch("l2")
+            native.ops(kset).set_gemv_streams(2)
     out = {"bytes_per_pass": total, "linears": len(weights), "kernel_set": best,
            "threads": torch.get_num_threads(), "kernels": {}}
     for name, vals in ms.items():

@@ -39,6 +39,8 @@ Switches, each flipped at run time without restarting the engine:
   removed and applied again; the engine starts with it switched off).
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
+- ``gemv_streams``: the int4 GEMV of one row reading one block of weights at a time (A) or two
+  side by side (B, the default where the kernel set pairs blocks: ``set_gemv_streams``).
 - ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
   the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
@@ -103,6 +105,7 @@ SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
     "attention_kernels": ("python", "cpp"),
     "weight_prefetch": ("l2", "nta"),
+    "gemv_streams": ("1", "2"),
     "detokenize": ("on", "off"),
     "gc": ("on", "off"),
     "step_overhead": ("vllm", "vllm_omni"),
@@ -154,6 +157,10 @@ def flipper(switch: str, sampling: dict, llm=None):
         from vllm_omni.ops import native
 
         return lambda side: native.ops().set_weight_prefetch(side)
+    if switch == "gemv_streams":
+        from vllm_omni.ops import native
+
+        return lambda side: native.ops().set_gemv_streams(int(side))
     from vllm_omni import patches
 
     # the rest are switches of vllm_omni's patches, flipped through their ablation interface
@@ -273,12 +280,12 @@ def load(path: str | os.PathLike, switch: str, pairs: int,
     if switch == "compiled_entry" and not stage.cpp_wrapper:
         raise ConfigError(src, "stage.cpp_wrapper", "--switch compiled_entry needs it true (the "
                                                     "entry is the C++ wrapper's)", False)
-    if switch == "weight_prefetch":
+    if switch in ("weight_prefetch", "gemv_streams"):
         from vllm_omni.ops import native
 
         status = native.load()
         if not status.available:
-            raise UserError(f"--switch weight_prefetch needs vllm_omni's native kernels: "
+            raise UserError(f"--switch {switch} needs vllm_omni's native kernels: "
                             f"{status.reason}")
     if switch in PATCH_SWITCHES and switch not in stage.disable_patches:
         # the engine starts with the patch off: A is vLLM's own, B applies it again

@@ -38,6 +38,22 @@ def test_detokenize_switch_changes_only_the_sampling_fields():
     assert sampling["detokenize"] is True
 
 
+@pytest.mark.native  # loads vllm_omni's C++ kernel set
+def test_gemv_streams_switch_sets_the_kernels_stream_count():
+    from vllm_omni.ops import native
+
+    if not native.load().available:
+        pytest.skip(f"no native kernels: {native.load().reason}")
+    flip = step_ab.flipper("gemv_streams", {})
+    try:
+        flip("1")
+        assert native.ops().set_gemv_streams(1) == 1
+        flip("2")
+        assert native.ops().set_gemv_streams(2) == 2
+    finally:
+        native.ops().set_gemv_streams(2)
+
+
 def test_gc_switch_turns_the_collector_off_and_back_on():
     import gc
 
@@ -178,12 +194,14 @@ def test_cli_a_missing_file_is_named(tmp_path, capsys):
                     capsys.readouterr().err)
 
 
-def test_weight_prefetch_without_native_kernels_says_why(monkeypatch, capsys):
+@pytest.mark.parametrize("switch", ["weight_prefetch", "gemv_streams"])
+def test_kernel_switches_without_native_kernels_say_why(switch, monkeypatch, capsys):
     from vllm_omni.ops import native
 
     monkeypatch.setattr(native, "load", lambda: native.Status(False, "disabled by X", None))
-    assert step_ab.main([str(TINY), "--switch", "weight_prefetch"]) == 2
-    assert "needs vllm_omni's native kernels: disabled by X" in capsys.readouterr().err
+    assert step_ab.main([str(TINY), "--switch", switch]) == 2
+    assert (f"--switch {switch} needs vllm_omni's native kernels: disabled by X"
+            in capsys.readouterr().err)
 
 
 # --- the pairs ---------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 //   fixed_point<A8>(...)        omni::fixed_point_scalar<A8>'s bits (A8: W4A8's x), vectorised
 //   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
 //                               L2, 1 = non-temporal; a set may ignore it)
+//   kPairBlocks                 true if block64 (and block64_a8) also take rows = -2: one row
+//                               of x times two adjacent full blocks, read side by side
 //   dequant64(...)              one group of W^T for one full block
 //   kTileRows                   rows of x per GEMM tile
 //   unpack64(p, gs, qb)         one group of a full block for the GEMM (omni::unpack_scalar's)
@@ -40,6 +42,9 @@
 // OMNI_NS::register_kernels(): makes this set's cpu_int4_linear / cpu_int4_embedding the CPU
 //   kernels of the vllm_omni ops (defined in vllm_omni/ops/int4_linear.py); one set per process.
 // OMNI_NS::set_weight_prefetch(mode): "l2" (default) or "nta", process-wide, for benchmarks.
+// OMNI_NS::set_gemv_streams(n): 2 (default) or 1, process-wide, for benchmarks: how many blocks
+//   the GEMV of one row of x reads at once, in a set with kPairBlocks (the others read one);
+//   returns the previous value. The bits do not depend on it.
 
 #pragma once
 
@@ -57,6 +62,13 @@ std::string set_weight_prefetch(const std::string& mode) {
   TORCH_CHECK(mode == "nta" || mode == "l2",
               "set_weight_prefetch: mode must be 'nta' or 'l2', got '", mode, "'");
   return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
+}
+
+std::atomic<int> g_gemv_streams{2};
+
+int64_t set_gemv_streams(int64_t n) {
+  TORCH_CHECK(n == 1 || n == 2, "set_gemv_streams: n must be 1 or 2, got ", n);
+  return g_gemv_streams.exchange(static_cast<int>(n));
 }
 
 std::string kernel_set() { return isa::kName; }
@@ -109,11 +121,14 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
   const int64_t full = N / kBlockN, tail = N % kBlockN;
   const bool nta = g_prefetch_nta.load(std::memory_order_relaxed);
+  const int streams = g_gemv_streams.load(std::memory_order_relaxed);
   at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
+      // One row of x: two blocks at once, two weight streams (isa::kPairBlocks).
+      const bool pair = isa::kPairBlocks && streams == 2 && M == 1 && b + 1 < b1 && b + 1 < full;
       for (int64_t m0 = 0; m0 < M; m0 += isa::kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
+        const int rows = pair ? -2 : static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
         if (b == full)
           block_scalar(rows, wb, tail, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
 #ifdef OMNI_A8_KERNELS
@@ -127,6 +142,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
         else
           isa::block64<0>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
       }
+      if (pair) ++b;
     }
   });
   return out;
@@ -424,6 +440,7 @@ OMNI_LIBRARY(OMNI_NS, m) {
       "int n_end) -> Tensor");
   m.def("register_kernels() -> ()", &omni::register_kernels);
   m.def("set_weight_prefetch(str mode) -> str", &omni::set_weight_prefetch);
+  m.def("set_gemv_streams(int n) -> int", &omni::set_gemv_streams);
   m.def("kernel_set() -> str", &omni::kernel_set);
   m.def("greedy_argmax(Tensor logits) -> Tensor");
 }
