@@ -11,8 +11,8 @@
    weight prefetch mode (non-temporal instead of into L2; ``set_weight_prefetch``), and again on
    a copy of the weights in vllm_omni's weight arena (``native-<set>-huge``: huge pages, where
    the engine keeps them; the others read torch's allocations), there with W4A8's x
-   (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one block of weights at a time
-   instead of two (``native-<set>-huge-1stream``; ``set_gemv_streams``, a set that pairs blocks).
+   (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one or two blocks of weights at a
+   time instead of up to four (``native-<set>-huge-1stream``, ``-2stream``: ``set_gemv_streams``).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which dequantize + bf16 matmul wins on every shape is what
    ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
@@ -74,16 +74,18 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     for ks in native.runnable():
         if ks.name != "portable" and native.load_set(ks.name).available:
             gemv = native.ops(ks.name).int4_gemv
-            kernels[f"native-{ks.name}"] = (ks.name, ("l2", 2), weights,
+            kernels[f"native-{ks.name}"] = (ks.name, ("l2", 4), weights,
                                             lambda k, p, s, g=gemv: g(xs[k], p, s, GROUP_SIZE))
     gemv = native.ops(best).int4_gemv
-    kernels[f"native-{best}-nta"] = (best, ("nta", 2), weights,
+    kernels[f"native-{best}-nta"] = (best, ("nta", 4), weights,
                                      lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge"] = (best, ("l2", 2), huge,
+    kernels[f"native-{best}-huge"] = (best, ("l2", 4), huge,
                                       lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge-a8"] = (best, ("l2", 2), huge,
+    kernels[f"native-{best}-huge-a8"] = (best, ("l2", 4), huge,
                                          lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, 8))
     kernels[f"native-{best}-huge-1stream"] = (best, ("l2", 1), huge,
+                                              lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
+    kernels[f"native-{best}-huge-2stream"] = (best, ("l2", 2), huge,
                                               lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
     ms = {name: [] for name in kernels}
     try:
@@ -99,7 +101,7 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     finally:
         for kset in {v[0] for v in kernels.values()} - {None}:
             native.ops(kset).set_weight_prefetch("l2")
-            native.ops(kset).set_gemv_streams(2)
+            native.ops(kset).set_gemv_streams(4)
     out = {"bytes_per_pass": total, "linears": len(weights), "kernel_set": best,
            "threads": torch.get_num_threads(), "kernels": {}}
     for name, vals in ms.items():

@@ -39,8 +39,8 @@ Switches, each flipped at run time without restarting the engine:
   removed and applied again; the engine starts with it switched off).
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
-- ``gemv_streams``: the int4 GEMV of one row reading one block of weights at a time (A) or two
-  side by side (B, the default where the kernel set pairs blocks: ``set_gemv_streams``).
+- ``gemv_streams``: the int4 GEMV of one row reading one block of weights at a time (A) or up
+  to four side by side (B, the default, in the sets that can: ``set_gemv_streams``).
 - ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
   the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,
@@ -105,7 +105,7 @@ SWITCHES = {
     "cpu_attention": ("vllm", "vllm_omni"),
     "attention_kernels": ("python", "cpp"),
     "weight_prefetch": ("l2", "nta"),
-    "gemv_streams": ("1", "2"),
+    "gemv_streams": ("1", "4"),
     "detokenize": ("on", "off"),
     "gc": ("on", "off"),
     "step_overhead": ("vllm", "vllm_omni"),

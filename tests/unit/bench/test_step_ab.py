@@ -48,10 +48,10 @@ def test_gemv_streams_switch_sets_the_kernels_stream_count():
     try:
         flip("1")
         assert native.ops().set_gemv_streams(1) == 1
-        flip("2")
-        assert native.ops().set_gemv_streams(2) == 2
+        flip("4")
+        assert native.ops().set_gemv_streams(4) == 4
     finally:
-        native.ops().set_gemv_streams(2)
+        native.ops().set_gemv_streams(4)
 
 
 def test_gc_switch_turns_the_collector_off_and_back_on():

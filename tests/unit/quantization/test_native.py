@@ -248,25 +248,28 @@ def test_dequant_is_exactly_the_python_unpacking(name, group_size, n):
 
 @pytest.mark.parametrize("name", VECTOR_SETS)
 def test_gemv_streams_change_no_value(name):
-    """Reading two blocks at once (the default, where the set pairs blocks) gives bitwise what
-    one at a time gives, for one row of x on 5 full blocks and a tail (so a thread's blocks
-    pair up with one left over), at 16 and 8 activation bits; the switch says what was on and
-    refuses a count it does not know."""
-    packed, sz, _ = _layer(128, n=5 * 64 + 32)
+    """Reading up to 4 blocks at once (the default 4, in a set that can) gives bitwise what one
+    at a time gives, for one row of x on 11 full blocks and a tail (each thread's blocks go in
+    groups of 4, 3 and 2 with some left over), at 16 and 8 activation bits; the switch says
+    what was on and refuses a count it does not know."""
+    packed, sz, _ = _layer(128, n=11 * 64 + 32)
     x = _x(1, 5)
     ops = native.ops(name)
-    assert ops.set_gemv_streams(2) == 2  # the default
-    two = [ops.int4_gemv(x, packed, sz, 128, bits) for bits in (16, 8)]
+    assert ops.set_gemv_streams(4) == 4  # the default
     try:
-        assert ops.set_gemv_streams(1) == 2
-        one = [ops.int4_gemv(x, packed, sz, 128, bits) for bits in (16, 8)]
-        with pytest.raises(RuntimeError, match="must be 1 or 2, got 3"):
-            ops.set_gemv_streams(3)
-        assert ops.set_gemv_streams(2) == 1
+        out = {}
+        for n in (1, 2, 3, 4):
+            assert ops.set_gemv_streams(n) in (1, 2, 3, 4)
+            out[n] = [ops.int4_gemv(x, packed, sz, 128, bits) for bits in (16, 8)]
+        assert ops.set_gemv_streams(2) == 4
+        for bad in (0, 5):
+            with pytest.raises(RuntimeError, match=f"must be 1 to 4, got {bad}"):
+                ops.set_gemv_streams(bad)
     finally:
-        ops.set_gemv_streams(2)
-    for a, b in zip(one, two):
-        assert torch.equal(a, b)
+        ops.set_gemv_streams(4)
+    for n in (2, 3, 4):
+        for a, b in zip(out[1], out[n]):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name", VECTOR_SETS)

@@ -14,11 +14,13 @@
 // by side in one process it was slower, 8-10 % on the weight stream and ~5 % a decode step).
 // An fp32 loop (codes through a vpermps table, fp32 FMAs) was 8-20 % slower on the weight
 // stream and gave other bits than the other sets; it was removed.
-// One row of x (a decode step at batch 1) reads two adjacent blocks side by side (kPairBlocks,
-// block_vnni's B = 2: 16 accumulators), so two weight streams, K * 32 bytes apart, are in flight
-// for the prefetchers instead of one. Same bits: each output's sums run in the same order. On
-// an Intel AMX Xeon, where one stream held the GEMV at ~80 % of the DRAM probe, a compiled 3B
-// decode step took 72.1 ms instead of 75.6 (results/int4_kernels/20261207T0736Z-two-streams/).
+// One row of x (a decode step at batch 1) reads up to 4 adjacent blocks side by side
+// (kStreamBlocks, block_vnni's B: 8 accumulators a block), so as many weight streams, K * 32
+// bytes apart, are in flight for the prefetchers instead of one. Same bits: each output's sums
+// run in the same order. On an Intel AMX Xeon, where one stream held the GEMV at ~80 % of the
+// DRAM probe, 4 streams read a 3B decode step's weights 10-13 % faster than 1 and 6-9 % faster
+// than 2, and a compiled 3B decode step took 72.1 ms with 2 instead of 75.6 with 1
+// (results/int4_kernels/20261207T0736Z-two-streams/). Not measured on AMD yet.
 
 #include <immintrin.h>
 #ifdef OMNI_AMX
@@ -37,7 +39,7 @@ constexpr const char* kName = "amx";
 constexpr const char* kName = "avx512";
 #endif
 constexpr int kRows = 2;  // 8 accumulators per row of x: two rows fill the registers
-constexpr bool kPairBlocks = true;  // one row of x: two blocks, 16 accumulators (block_vnni)
+constexpr int kStreamBlocks = 4;  // one row of x: up to 4 blocks at once (block_vnni)
 
 // Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
 // the inputs are finite bf16 and finite codes).
@@ -116,7 +118,7 @@ void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_
 
 // A8: x is W4A8's int8 codes (lo = 0), so one vpdpbusd a register of codes, not two, and
 // dot = 128 * sum q * c - 8 * csum (csum already 128 * sum c). B: blocks read side by side, the
-// j-th at w + j * K * 32 (its outputs at n0 + 64 j); B = 2 only with M = 1 (the registers).
+// j-th at w + j * K * 32 (its outputs at n0 + 64 j); B > 1 only with M = 1.
 template <int M, int Hint, bool A8 = false, int B = 1>
 void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0, int64_t K,
                 int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out, int64_t ldo) {
@@ -193,6 +195,10 @@ void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total
     block_vnni<2, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
   else if (rows == -2)
     block_vnni<1, kHint, false, 2>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -3)
+    block_vnni<1, kHint, false, 3>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -4)
+    block_vnni<1, kHint, false, 4>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
   else
     block_vnni<1, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
 }
@@ -208,6 +214,10 @@ void block64_a8(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_to
     block_vnni<2, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
   else if (rows == -2)
     block_vnni<1, kHint, true, 2>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -3)
+    block_vnni<1, kHint, true, 3>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -4)
+    block_vnni<1, kHint, true, 4>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
   else
     block_vnni<1, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
 }

@@ -5,8 +5,9 @@
 //   fixed_point<A8>(...)        omni::fixed_point_scalar<A8>'s bits (A8: W4A8's x), vectorised
 //   block64<Hint>(rows, ...)    the GEMV of one full block of 64 rows (Hint: 0 = prefetch into
 //                               L2, 1 = non-temporal; a set may ignore it)
-//   kPairBlocks                 true if block64 (and block64_a8) also take rows = -2: one row
-//                               of x times two adjacent full blocks, read side by side
+//   kStreamBlocks               how many adjacent full blocks block64 (and block64_a8) read side
+//                               by side for one row of x: they take rows = -B for B = 2 ..
+//                               kStreamBlocks (1: the set reads one block at a time)
 //   dequant64(...)              one group of W^T for one full block
 //   kTileRows                   rows of x per GEMM tile
 //   unpack64(p, gs, qb)         one group of a full block for the GEMM (omni::unpack_scalar's)
@@ -42,9 +43,9 @@
 // OMNI_NS::register_kernels(): makes this set's cpu_int4_linear / cpu_int4_embedding the CPU
 //   kernels of the vllm_omni ops (defined in vllm_omni/ops/int4_linear.py); one set per process.
 // OMNI_NS::set_weight_prefetch(mode): "l2" (default) or "nta", process-wide, for benchmarks.
-// OMNI_NS::set_gemv_streams(n): 2 (default) or 1, process-wide, for benchmarks: how many blocks
-//   the GEMV of one row of x reads at once, in a set with kPairBlocks (the others read one);
-//   returns the previous value. The bits do not depend on it.
+// OMNI_NS::set_gemv_streams(n): 1 to 4 (default 4), process-wide, for benchmarks: how many
+//   blocks the GEMV of one row of x reads at once, at most the set's kStreamBlocks; returns the
+//   previous value. The bits do not depend on it.
 
 #pragma once
 
@@ -64,10 +65,10 @@ std::string set_weight_prefetch(const std::string& mode) {
   return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
 }
 
-std::atomic<int> g_gemv_streams{2};
+std::atomic<int> g_gemv_streams{4};
 
 int64_t set_gemv_streams(int64_t n) {
-  TORCH_CHECK(n == 1 || n == 2, "set_gemv_streams: n must be 1 or 2, got ", n);
+  TORCH_CHECK(n >= 1 && n <= 4, "set_gemv_streams: n must be 1 to 4, got ", n);
   return g_gemv_streams.exchange(static_cast<int>(n));
 }
 
@@ -125,10 +126,13 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
   at::parallel_for(0, full + (tail ? 1 : 0), 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const uint8_t* wb = w + b * kBlockN * K / 2;
-      // One row of x: two blocks at once, two weight streams (isa::kPairBlocks).
-      const bool pair = isa::kPairBlocks && streams == 2 && M == 1 && b + 1 < b1 && b + 1 < full;
+      // One row of x: up to kStreamBlocks blocks at once, as many weight streams.
+      const int64_t together =
+          M == 1 && b < full ? std::min<int64_t>({streams, isa::kStreamBlocks, b1 - b, full - b})
+                             : 1;
       for (int64_t m0 = 0; m0 < M; m0 += isa::kRows) {
-        const int rows = pair ? -2 : static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
+        const int rows = together > 1 ? -static_cast<int>(together)
+                                      : static_cast<int>(std::min<int64_t>(isa::kRows, M - m0));
         if (b == full)
           block_scalar(rows, wb, tail, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
 #ifdef OMNI_A8_KERNELS
@@ -142,7 +146,7 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed,
         else
           isa::block64<0>(rows, wb, sz, N, b * kBlockN, K, group_size, fx, m0, op, N);
       }
-      if (pair) ++b;
+      b += together - 1;
     }
   });
   return out;
