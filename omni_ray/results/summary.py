@@ -315,19 +315,14 @@ def to_markdown(summary: dict) -> str:
              + ("---|" if sol else "") + "---:|---|"]
     for arm_id, entry in summary["arms"].items():
         arm_flags = list(entry["flags"])
-        single = noisy = False
-        for m in metrics:
-            s = entry["metrics"].get(m)
-            if s and "SINGLE PASS" in s["flags"]:
-                single = True
-            if s and "NOISY" in s["flags"]:
-                noisy = True
-        if single:
-            arm_flags.append("SINGLE PASS")
+        present = [m for m in metrics if entry["metrics"].get(m)]
+        single = [m for m in present if "SINGLE PASS" in entry["metrics"][m]["flags"]]
+        noisy = [m for m in present if "NOISY" in entry["metrics"][m]["flags"]]
+        if single:  # named when other figures of the arm have more passes (e.g. a shared start)
+            arm_flags.append("SINGLE PASS" + ("" if single == present
+                                              else " (" + ", ".join(single) + ")"))
         if noisy:
-            noisy_metrics = [m for m in metrics
-                             if entry["metrics"].get(m) and "NOISY" in entry["metrics"][m]["flags"]]
-            arm_flags.append("NOISY (" + ", ".join(noisy_metrics) + ")")
+            arm_flags.append("NOISY (" + ", ".join(noisy) + ")")
         ns = sorted({s["n"] for s in entry["metrics"].values() if s})
         n_text = "/".join(map(str, ns)) if ns else "0"
         cells = [_cell(entry["metrics"].get(m)) for m in metrics]

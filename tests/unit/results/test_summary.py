@@ -113,6 +113,14 @@ def test_to_markdown():
     assert "- NOT A RANKING: rss: a 1001 vs b 1000.8 differ by 0.25" in md
 
 
+def test_single_pass_names_its_figures_when_others_have_more():
+    """An arm whose engine start was another arm's in one pass has its start figures once and
+    its decode figures from every pass: only the former are single."""
+    recs = [record("a", 0, ready_s=9.0, decode=5.0), record("a", 1, decode=5.1)]
+    line = to_markdown(summarize_arms(recs, ["ready_s", "decode"])).splitlines()[2]
+    assert line.endswith("| 1/2 | SINGLE PASS (ready_s) |"), line
+
+
 def test_an_arm_on_another_arms_engine_start_says_whose():
     about = {"started_by": "a", "arms": ["a", "b"]}
     recs = [{"arm": {"id": "a"}, "measurements": {"ready_s": 9.0, "decode_s": 1.0},
