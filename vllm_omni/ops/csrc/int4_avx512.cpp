@@ -186,21 +186,29 @@ void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64
                             fp32x16_to_bf16(o[j][m][i]));
 }
 
+// rows 1 or 2: that many rows of x on one block; -B: one row on B adjacent blocks.
+template <int Hint, bool A8>
+void block_rows(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
+                int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
+                int64_t ldo) {
+  constexpr int kHint = Hint ? _MM_HINT_NTA : _MM_HINT_T1;
+  if (rows == 2)
+    block_vnni<2, kHint, A8>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -2)
+    block_vnni<1, kHint, A8, 2>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -3)
+    block_vnni<1, kHint, A8, 3>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else if (rows == -4)
+    block_vnni<1, kHint, A8, 4>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  else
+    block_vnni<1, kHint, A8>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+}
+
 template <int Hint>
 void block64(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
              int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
              int64_t ldo) {
-  constexpr int kHint = Hint ? _MM_HINT_NTA : _MM_HINT_T1;
-  if (rows == 2)
-    block_vnni<2, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -2)
-    block_vnni<1, kHint, false, 2>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -3)
-    block_vnni<1, kHint, false, 3>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -4)
-    block_vnni<1, kHint, false, 4>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else
-    block_vnni<1, kHint>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  block_rows<Hint, false>(rows, w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
 }
 
 #define OMNI_A8_KERNELS 1
@@ -209,17 +217,7 @@ template <int Hint>
 void block64_a8(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
                 int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
                 int64_t ldo) {
-  constexpr int kHint = Hint ? _MM_HINT_NTA : _MM_HINT_T1;
-  if (rows == 2)
-    block_vnni<2, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -2)
-    block_vnni<1, kHint, true, 2>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -3)
-    block_vnni<1, kHint, true, 3>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else if (rows == -4)
-    block_vnni<1, kHint, true, 4>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
-  else
-    block_vnni<1, kHint, true>(w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
+  block_rows<Hint, true>(rows, w, sz, n_total, n0, K, gs, fx, m0, out, ldo);
 }
 
 // One group of W^T for a full block: gs rows of 64 contiguous bf16, `ld` apart. p: the group's
