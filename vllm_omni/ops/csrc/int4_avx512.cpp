@@ -19,8 +19,9 @@
 // bytes apart, are in flight for the prefetchers instead of one. Same bits: each output's sums
 // run in the same order. On an Intel AMX Xeon, where one stream held the GEMV at ~80 % of the
 // DRAM probe, 4 streams read a 3B decode step's weights 10-13 % faster than 1 and 6-9 % faster
-// than 2, and a compiled 3B decode step took 72.1 ms with 2 instead of 75.6 with 1
-// (results/int4_kernels/20261207T0736Z-two-streams/). Not measured on AMD yet.
+// than 2, and a compiled 3B decode step took 67.5 ms with 4 instead of 74.0 with 1 (72.1 with 2
+// instead of 75.6 in another run; results/int4_kernels/20261207T0736Z-two-streams/). Not
+// measured on AMD yet.
 
 #include <immintrin.h>
 #ifdef OMNI_AMX
