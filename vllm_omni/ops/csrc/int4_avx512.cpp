@@ -188,6 +188,7 @@ void block_vnni(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64
 }
 
 // rows 1 or 2: that many rows of x on one block; -B: one row on B adjacent blocks.
+static_assert(kStreamBlocks <= 4, "block_rows dispatches -2 .. -4 only; any other rows is one");
 template <int Hint, bool A8>
 void block_rows(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t n0,
                 int64_t K, int64_t gs, const FixedX& fx, int64_t m0, at::BFloat16* out,
