@@ -14,8 +14,9 @@
    (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one or two blocks of weights at a
    time instead of up to four (``native-<set>-huge-1stream``, ``-2stream``: ``set_gemv_streams``).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
-   smallest row count from which dequantize + bf16 matmul wins on every shape is what
-   ``DEFAULT_ROW_THRESHOLD`` should be on this machine.
+   smallest row count from which the many-row branch (the int4 GEMM) wins on every shape is
+   what the kernel set in use should take as ``row_threshold`` on this machine
+   (``cpu_int4.ROW_THRESHOLD_BY_SET``, else ``DEFAULT_ROW_THRESHOLD``).
 
 Weights are random codes (the speed does not depend on their values). Writes
 ``<out>/<UTC timestamp>.json`` with provenance; run it on an otherwise idle machine.

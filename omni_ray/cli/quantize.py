@@ -19,8 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=grid.DEFAULT_GROUP_SIZE,
                         help="weights per scale/zero along K (default %(default)s)")
     parser.add_argument("--row-threshold", type=int, default=None,
-                        help="rows from which the layer dequantizes and uses a bf16 matmul "
-                             "(default: the measured value in vllm_omni, see int4_bench)")
+                        help="rows from which a layer takes the int4 GEMM instead of the GEMV "
+                             "(default: none written, each CPU takes its kernel set's measured "
+                             "value, see int4_bench)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
 
 
@@ -33,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
                               row_threshold=args.row_threshold, overwrite=args.overwrite)
     qc = res.record["quantization_config"]
     print(f"wrote {res.dst}: {len(res.quantized)} modules int4 (group {qc['group_size']}, "
-          f"row_threshold {qc['row_threshold']}), {len(res.ignored)} left bf16")
+          f"row_threshold {qc.get('row_threshold', 'per kernel set')}), "
+          f"{len(res.ignored)} left bf16")
     for module, why in res.ignored.items():
         print(f"  bf16: {module}: {why}")
     return 0

@@ -229,7 +229,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                         row_threshold: int | None = None,
                         overwrite: bool = False) -> ConvertResult:
     """Write the cpu_int4 checkpoint of ``src`` to ``dst``; see the module docstring."""
-    from vllm_omni.quantization.cpu_int4 import DEFAULT_ROW_THRESHOLD, CpuInt4Config
+    from vllm_omni.quantization.cpu_int4 import CpuInt4Config
 
     src, dst = Path(src), Path(dst)
     if not (src / "config.json").is_file():
@@ -247,9 +247,7 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     if hf_config.get("quantization_config"):
         method = hf_config["quantization_config"].get("quant_method")
         raise OmniInputError(f"{src}/config.json: already quantized ({method})")
-    cfg = CpuInt4Config(group_size=group_size,
-                        row_threshold=DEFAULT_ROW_THRESHOLD if row_threshold is None
-                        else row_threshold)
+    cfg = CpuInt4Config(group_size=group_size, row_threshold=row_threshold)
     tie = bool(hf_config.get("tie_word_embeddings", False))
     files = _weight_files(src)
 

@@ -72,6 +72,21 @@ QUANT_METHOD_A8 = "cpu_int4_a8"
 # rows on these shapes, too noisy to move the value. Re-measure on the target machine
 # (int4_bench compares the two branches) and write the value into the checkpoint's config.
 DEFAULT_ROW_THRESHOLD = 32
+# Kernel sets whose GEMM overtakes the GEMV at fewer rows. amx (its GEMM on AMX tiles): 16, from
+# `python -m omni_ray.bench.int4_kernels --shape qwen2.5-3b-full-vocab --passes 3` on the Intel
+# AMX Xeon (results/int4_kernels/20261207T113929Z.json): at 16 rows the GEMM took 0.68-0.80x
+# the GEMV's time on all five 3B linears (head included), at 8 rows it lost on all five.
+ROW_THRESHOLD_BY_SET = {"amx": 16}
+
+
+def default_row_threshold() -> int:
+    """row_threshold where a config gives none: measured per kernel set (the set this CPU runs),
+    DEFAULT_ROW_THRESHOLD for the others. Speed only: both branches give the same bits."""
+    from vllm_omni.ops import native
+
+    return ROW_THRESHOLD_BY_SET.get(native.kernel_set(), DEFAULT_ROW_THRESHOLD)
+
+
 # The kernel's N granularity (output rows).
 N_MULTIPLE = 16
 # Tensors a layer holds after loading.
@@ -83,13 +98,15 @@ _QKV_SHARDS = ("q", "k", "v")
 class CpuInt4Config(QuantizationConfig):
     """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold,
     activation_bits become constants of the op call) is a field here, so it is part of the
-    checkpoint's config and of vLLM's compile-cache key, never an environment variable."""
+    checkpoint's config and of vLLM's compile-cache key, never an environment variable. A config
+    without row_threshold takes the kernel set's (default_row_threshold) and writes none, so a
+    checkpoint quantized on one CPU takes each CPU's own."""
 
     ACTIVATION_BITS = 16  # the default of this method
 
     def __init__(self, group_size: int = grid.DEFAULT_GROUP_SIZE,
                  ignored_modules: list[str] | None = None,
-                 row_threshold: int = DEFAULT_ROW_THRESHOLD,
+                 row_threshold: int | None = None,
                  checkpoint_quantized: bool = False,
                  activation_bits: int | None = None) -> None:
         super().__init__()
@@ -103,6 +120,9 @@ class CpuInt4Config(QuantizationConfig):
         if group_size not in grid.GROUP_SIZES:
             raise OmniInputError(f"quantization_config.group_size: must be one of "
                                  f"{list(grid.GROUP_SIZES)}, got {group_size!r}")
+        self.row_threshold_given = row_threshold is not None
+        if row_threshold is None:
+            row_threshold = default_row_threshold()
         if not isinstance(row_threshold, int) or isinstance(row_threshold, bool) \
                 or row_threshold < 0:
             raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
@@ -150,7 +170,7 @@ class CpuInt4Config(QuantizationConfig):
             raise OmniInputError(f"quantization_config: unknown field(s) {sorted(unknown)}")
         return cls(group_size=config.get("group_size", grid.DEFAULT_GROUP_SIZE),
                    ignored_modules=config.get("ignored_modules", []),
-                   row_threshold=config.get("row_threshold", DEFAULT_ROW_THRESHOLD),
+                   row_threshold=config.get("row_threshold"),
                    checkpoint_quantized=True,
                    activation_bits=config.get("activation_bits", cls.ACTIVATION_BITS))
 
@@ -158,8 +178,9 @@ class CpuInt4Config(QuantizationConfig):
         """The ``quantization_config`` block of config.json (``activation_bits`` only when not
         16, so the checkpoints written before it existed are written the same)."""
         out = {"quant_method": QUANT_METHOD, "group_size": self.group_size,
-               "ignored_modules": list(self.ignored_modules),
-               "row_threshold": self.row_threshold}
+               "ignored_modules": list(self.ignored_modules)}
+        if self.row_threshold_given:
+            out["row_threshold"] = self.row_threshold
         if self.activation_bits != 16:
             out["activation_bits"] = self.activation_bits
         return out

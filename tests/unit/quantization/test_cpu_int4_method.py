@@ -142,7 +142,23 @@ def test_config_round_trip_and_defaults():
     assert c.to_dict() == d and c.checkpoint_quantized
     at_load = cpu_int4.CpuInt4Config()
     assert not at_load.checkpoint_quantized and at_load.get_config_filenames() == []
-    assert at_load.row_threshold == cpu_int4.DEFAULT_ROW_THRESHOLD
+    assert at_load.row_threshold == cpu_int4.default_row_threshold()
+    assert "row_threshold" not in at_load.to_dict()  # each CPU takes its own
+
+
+@pytest.mark.parametrize("kernel_set,want", [("amx", 16), ("avx512", 32), ("avx2", 32),
+                                             ("portable", 32), ("python", 32)])
+def test_a_config_without_row_threshold_takes_the_kernel_sets(kernel_set, want, monkeypatch):
+    """The GEMM on AMX tiles overtakes the GEMV at 16 rows (results/int4_kernels/
+    20261207T113929Z.json), the other sets' at 32; a config that names one keeps it."""
+    from vllm_omni.ops import native
+
+    monkeypatch.setattr(native, "kernel_set", lambda: kernel_set)
+    assert cpu_int4.CpuInt4Config().row_threshold == want
+    assert cpu_int4.CpuInt4Config.from_config({"group_size": 64}).row_threshold == want
+    assert cpu_int4.CpuInt4A8Config().row_threshold == want
+    assert cpu_int4.CpuInt4Config(row_threshold=7).row_threshold == 7
+    assert cpu_int4.CpuInt4Config.from_config({"row_threshold": 40}).row_threshold == 40
 
 
 def test_w4a8_is_a_field_and_a_method_of_its_own():
