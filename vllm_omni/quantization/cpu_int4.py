@@ -120,11 +120,8 @@ class CpuInt4Config(QuantizationConfig):
         if group_size not in grid.GROUP_SIZES:
             raise OmniInputError(f"quantization_config.group_size: must be one of "
                                  f"{list(grid.GROUP_SIZES)}, got {group_size!r}")
-        self.row_threshold_given = row_threshold is not None
-        if row_threshold is None:
-            row_threshold = default_row_threshold()
-        if not isinstance(row_threshold, int) or isinstance(row_threshold, bool) \
-                or row_threshold < 0:
+        if row_threshold is not None and (not isinstance(row_threshold, int)
+                                          or isinstance(row_threshold, bool) or row_threshold < 0):
             raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
                                  f"got {row_threshold!r}")
         ignored = list(ignored_modules or [])
@@ -134,9 +131,20 @@ class CpuInt4Config(QuantizationConfig):
                                  f"module names, got {ignored_modules!r}")
         self.group_size = group_size
         self.ignored_modules = ignored
-        self.row_threshold = row_threshold
+        self._row_threshold = row_threshold  # None: the kernel set's, resolved when first read
+        self._set_row_threshold: int | None = None
         # True: the checkpoint holds weight_packed/scale/zero; False: bf16, quantize at load.
         self.checkpoint_quantized = checkpoint_quantized
+
+    @property
+    def row_threshold(self) -> int:
+        """Rows from which a layer takes the int4 GEMM: the config's, else the kernel set's (read
+        when a layer first needs it, so writing a checkpoint loads no kernels)."""
+        if self._row_threshold is not None:
+            return self._row_threshold
+        if self._set_row_threshold is None:
+            self._set_row_threshold = default_row_threshold()
+        return self._set_row_threshold
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(group_size={self.group_size}, row_threshold="
@@ -179,8 +187,8 @@ class CpuInt4Config(QuantizationConfig):
         16, so the checkpoints written before it existed are written the same)."""
         out = {"quant_method": QUANT_METHOD, "group_size": self.group_size,
                "ignored_modules": list(self.ignored_modules)}
-        if self.row_threshold_given:
-            out["row_threshold"] = self.row_threshold
+        if self._row_threshold is not None:
+            out["row_threshold"] = self._row_threshold
         if self.activation_bits != 16:
             out["activation_bits"] = self.activation_bits
         return out

@@ -161,6 +161,21 @@ def test_a_config_without_row_threshold_takes_the_kernel_sets(kernel_set, want, 
     assert cpu_int4.CpuInt4Config.from_config({"row_threshold": 40}).row_threshold == 40
 
 
+def test_writing_a_config_without_row_threshold_loads_no_kernels(monkeypatch):
+    """The kernel set's value is read when a layer first needs it: `omni-ray quantize` builds no
+    kernel set to write a checkpoint, and the checkpoint names no threshold."""
+    from vllm_omni.ops import native
+
+    def no_kernels():
+        raise AssertionError("the kernel set was loaded")
+
+    monkeypatch.setattr(native, "kernel_set", no_kernels)
+    c = cpu_int4.CpuInt4Config(group_size=64)
+    assert c.to_dict() == {"quant_method": "cpu_int4", "group_size": 64, "ignored_modules": []}
+    monkeypatch.setattr(native, "kernel_set", lambda: "amx")
+    assert c.row_threshold == 16
+
+
 def test_w4a8_is_a_field_and_a_method_of_its_own():
     """activation_bits is written only when it is not 16 (checkpoints written before it existed
     read the same); cpu_int4_a8 defaults to 8, at load and on a cpu_int4 checkpoint, which
