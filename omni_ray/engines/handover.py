@@ -85,7 +85,9 @@ class Outbox:
                  clock: Callable[[], float] = time.time) -> None:
         self.path, self.window, self.clock = path, window, clock
         self.sent = 0
-        self.sent_at: list[float] = []  # when each streamed chunk was written
+        # when each streamed chunk was ready: read before it is written, so that a reader, which
+        # can see the file before the writer reads its clock again, never gets it earlier
+        self.sent_at: list[float] = []
 
     def __call__(self, rows: Rows, *, final: bool = False) -> None:
         if self.path is None:
@@ -93,9 +95,9 @@ class Outbox:
         have = min(len(r) for r in rows)
         if final or (self.window and have >= self.sent + self.window):
             self.sent = have - have % self.window if self.window and not final else have
-            write_tokens(self.path, rows, final=final)
             if not final:
                 self.sent_at.append(self.clock())
+            write_tokens(self.path, rows, final=final)
 
 
 # A serving pipeline (docs/pipelines.md, "Serving"): requests come and go, so an edge is not one

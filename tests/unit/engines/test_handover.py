@@ -41,6 +41,16 @@ def test_the_outbox_writes_each_time_every_row_passed_another_window(tmp_path):
     assert box.sent_at == [0, 1]
 
 
+def test_a_chunks_time_is_read_before_a_reader_can_see_it(tmp_path):
+    # the next stage stamps a chunk when it sees the file: the sender's stamp must not be later
+    path = str(tmp_path / "edge.json")
+    seen = []
+    box = handover.Outbox(path, 2, clock=lambda: seen.append(handover.read_edge(path)) or 0.0)
+    box([[1, 2]])
+    box([[1, 2, 3, 4]])
+    assert seen == [None, {"token_ids": [[1, 2]], "final": False}]
+
+
 def test_without_a_window_the_outbox_writes_once_when_final(tmp_path):
     path = str(tmp_path / "edge.json")
     box = handover.Outbox(path, None)
