@@ -284,6 +284,9 @@ class CpuInt4LinearMethod(LinearMethodBase):
     def __init__(self, config: CpuInt4Config, prefix: str) -> None:
         self.config = config
         self.prefix = prefix
+        # Read now, at model construction: apply() runs inside dynamo's trace, which cannot
+        # follow the kernel set's lookup (it reads /proc/cpuinfo).
+        self.row_threshold = config.row_threshold
 
     # -- weights -----------------------------------------------------------------------------
 
@@ -488,7 +491,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # The op itself, not int4_linear.op(): registration takes a lock dynamo cannot trace.
         return torch.ops.vllm_omni.cpu_int4_linear(
             x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), self.config.group_size,
-            self.config.row_threshold, bias, self.config.activation_bits)
+            self.row_threshold, bias, self.config.activation_bits)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         if layer.cpu_int4.dense:

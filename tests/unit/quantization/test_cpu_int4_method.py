@@ -215,6 +215,29 @@ def test_apply_passes_activation_bits_to_the_op(monkeypatch):
         assert calls[-1][-1] == bits
 
 
+def test_the_threshold_is_read_when_the_method_is_made_not_in_apply(monkeypatch):
+    """apply() runs inside dynamo's trace, which cannot follow the kernel set's lookup (it
+    reads /proc/cpuinfo): the kernel set's threshold is read when vLLM makes the method."""
+    from vllm_omni.ops import native
+
+    calls = []
+    monkeypatch.setattr(torch.ops.vllm_omni, "cpu_int4_linear",
+                        lambda *a: calls.append(a) or a[0], raising=False)
+    monkeypatch.setattr(native, "kernel_set", lambda: "amx")
+    method = cpu_int4.CpuInt4LinearMethod(cpu_int4.CpuInt4Config(), "model.layers.0.mlp.up_proj")
+
+    def no_lookup():
+        raise AssertionError("the kernel set was looked up in apply()")
+
+    monkeypatch.setattr(native, "kernel_set", no_lookup)
+    layer = torch.nn.Module()
+    layer.cpu_int4 = type("S", (), {"dense": False})()
+    setattr(layer, cpu_int4.PACK, torch.zeros(1))
+    setattr(layer, cpu_int4.SCALES_ZEROS, torch.zeros(1))
+    method.apply(layer, torch.zeros(2, 4))
+    assert calls[-1][4] == 16
+
+
 def test_partly_ignored_fused_layer_is_rejected():
     c = cpu_int4.CpuInt4Config.from_config({"ignored_modules": ["model.layers.0.mlp.up_proj"]})
     c.packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
