@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows from which a layer takes the int4 GEMM instead of the GEMV "
                              "(default: none written, each CPU takes its kernel set's measured "
                              "value, see int4_bench)")
+    parser.add_argument("--dequant-rows", type=int, default=None,
+                        help="rows from which a layer dequantizes for a bf16 matmul instead of "
+                             "the int4 GEMM, 0: never (default: none written, each CPU takes its "
+                             "kernel set's)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
 
 
@@ -31,10 +35,12 @@ def run(args: argparse.Namespace) -> int:
 
     src = resolve_model(args.src)
     res = quantize_checkpoint(src, args.dst, group_size=args.group_size,
-                              row_threshold=args.row_threshold, overwrite=args.overwrite)
+                              row_threshold=args.row_threshold, dequant_rows=args.dequant_rows,
+                              overwrite=args.overwrite)
     qc = res.record["quantization_config"]
     print(f"wrote {res.dst}: {len(res.quantized)} modules int4 (group {qc['group_size']}, "
-          f"row_threshold {qc.get('row_threshold', 'per kernel set')}), "
+          f"row_threshold {qc.get('row_threshold', 'per kernel set')}, "
+          f"dequant_rows {qc.get('dequant_rows', 'per kernel set')}), "
           f"{len(res.ignored)} left bf16")
     for module, why in res.ignored.items():
         print(f"  bf16: {module}: {why}")

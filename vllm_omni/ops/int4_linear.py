@@ -9,12 +9,17 @@ values, no Python per call). Otherwise the Python function here is the kernel: d
 ``_weight_int4pack_mm_for_cpu`` where torch's build reads vllm_omni's layout
 (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
-rounding). ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group
-before the products, which the avx512 and avx2 sets take four at a time; the Python kernels
-round x the same way (to bf16 afterwards) and multiply as above. Being one opaque op, the branch
-on the row count is taken at run time and never becomes a torch.compile guard; ``group_size``,
-``row_threshold`` and ``activation_bits`` are arguments, so they are constants of the traced
-graph and must be part of the quantization config (which keys vLLM's compile cache).
+rounding). From ``dequant_rows`` rows on (0: never), W4A16 takes that last way with a native
+set too (``int4_dequant_mm``: chunks of W^T kept in cache, torch's bf16 matmul, which is oneDNN
+on AMX tiles where the CPU has them): faster than the integer GEMM for long prompts on such a
+CPU, with the rounding of vLLM's bf16 linear on the dequantized weights, not the GEMV's bits.
+``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group before the
+products, which the avx512 and avx2 sets take four at a time; the Python kernels round x the
+same way (to bf16 afterwards) and multiply as above. Being one opaque op, the branch on the row
+count is taken at run time and never becomes a torch.compile guard; ``group_size``,
+``row_threshold``, ``activation_bits`` and ``dequant_rows`` are arguments, so they are constants
+of the traced graph and must be part of the quantization config (which keys vLLM's compile
+cache).
 
 No ``from __future__ import annotations`` here: ``infer_schema`` reads the real annotations.
 """
@@ -52,7 +57,7 @@ def int8_activations(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                     group_size: int, row_threshold: int,
                     bias: Optional[torch.Tensor] = None,
-                    activation_bits: int = 16) -> torch.Tensor:
+                    activation_bits: int = 16, dequant_rows: int = 0) -> torch.Tensor:
     """y = x @ W^T (+ bias), W [N, K] in vllm_omni's int4 layout; x [..., K] -> y [..., N]."""
     k = x.shape[-1]
     n = scales_zeros.shape[1]
@@ -62,8 +67,11 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     rows = x2.shape[0]
     if native.available():
         kernels = native.ops()
-        mul = kernels.int4_gemv if rows < row_threshold else kernels.int4_gemm
-        y = mul(x2, packed, scales_zeros, group_size, activation_bits)
+        if 0 < dequant_rows <= rows and activation_bits == 16:
+            y = kernels.int4_dequant_mm(x2, packed, scales_zeros, group_size)
+        else:
+            mul = kernels.int4_gemv if rows < row_threshold else kernels.int4_gemm
+            y = mul(x2, packed, scales_zeros, group_size, activation_bits)
     else:
         y = _python_linear(x2, packed, scales_zeros, group_size, row_threshold, activation_bits)
     if bias is not None:
@@ -96,7 +104,7 @@ def _python_linear(x2: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
 def cpu_int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,
                          group_size: int, row_threshold: int,
                          bias: Optional[torch.Tensor] = None,
-                         activation_bits: int = 16) -> torch.Tensor:
+                         activation_bits: int = 16, dequant_rows: int = 0) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], scales_zeros.shape[1]))
 
 

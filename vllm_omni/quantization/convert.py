@@ -227,6 +227,7 @@ def _tied_head_names(names, tie: bool) -> set[str]:
 def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                         group_size: int = grid.DEFAULT_GROUP_SIZE,
                         row_threshold: int | None = None,
+                        dequant_rows: int | None = None,
                         overwrite: bool = False) -> ConvertResult:
     """Write the cpu_int4 checkpoint of ``src`` to ``dst``; see the module docstring."""
     from vllm_omni.quantization.cpu_int4 import CpuInt4Config
@@ -247,7 +248,8 @@ def quantize_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     if hf_config.get("quantization_config"):
         method = hf_config["quantization_config"].get("quant_method")
         raise OmniInputError(f"{src}/config.json: already quantized ({method})")
-    cfg = CpuInt4Config(group_size=group_size, row_threshold=row_threshold)
+    cfg = CpuInt4Config(group_size=group_size, row_threshold=row_threshold,
+                        dequant_rows=dequant_rows)
     tie = bool(hf_config.get("tie_word_embeddings", False))
     files = _weight_files(src)
 

@@ -79,12 +79,37 @@ DEFAULT_ROW_THRESHOLD = 32
 ROW_THRESHOLD_BY_SET = {"amx": 16}
 
 
+# Rows from which W4A16 dequantizes W^T chunk by chunk for torch's bf16 matmul instead of the
+# integer GEMM (int4_dequant_mm in csrc/int4_ops.h; 0: never). Not the same bits: the GEMV's and
+# the GEMM's integer arithmetic below it, vLLM bf16's rounding on the dequantized weights from it
+# on. amx: 384, from `python -m omni_ray.bench.int4_prefill --shape qwen2.5-3b-full-vocab --rows
+# 256,384,512 --threads 1 --clock thread` on the Intel AMX Xeon (results/int4_prefill/
+# 20261207T144703Z.json): at 384 rows the bf16 matmul on AMX tiles took 0.75-0.97x the integer
+# GEMM's time on all five 3B linears (head included), at 256 it won on one, tied on two and lost
+# on two. The other sets: never, until measured against this branch. On an AMD Zen 5 the
+# avx512 set's GEMM took 1.03-1.12x the time of the bf16 matmul alone at 512 rows, before any
+# dequantizing (results/int4_prefill/20261206T025146Z.json, 0.5B shapes, 1 thread).
+DEQUANT_ROWS_BY_SET = {"amx": 384}
+
+
 def default_row_threshold() -> int:
     """row_threshold where a config gives none: measured per kernel set (the set this CPU runs),
     DEFAULT_ROW_THRESHOLD for the others. Speed only: both branches give the same bits."""
     from vllm_omni.ops import native
 
     return ROW_THRESHOLD_BY_SET.get(native.kernel_set(), DEFAULT_ROW_THRESHOLD)
+
+
+def default_dequant_rows() -> int:
+    """dequant_rows where a config gives none: measured per kernel set, 0 (never) for the sets
+    whose integer GEMM was not measured slower than it."""
+    from vllm_omni.ops import native
+
+    return DEQUANT_ROWS_BY_SET.get(native.kernel_set(), 0)
+
+
+# The config fields a kernel set gives a value to when the config names none.
+_PER_SET = {"row_threshold": default_row_threshold, "dequant_rows": default_dequant_rows}
 
 
 # The kernel's N granularity (output rows).
@@ -97,10 +122,10 @@ _QKV_SHARDS = ("q", "k", "v")
 
 class CpuInt4Config(QuantizationConfig):
     """cpu_int4 settings. Every field that changes the traced graph (group_size, row_threshold,
-    activation_bits become constants of the op call) is a field here, so it is part of the
-    checkpoint's config and of vLLM's compile-cache key, never an environment variable. A config
-    without row_threshold takes the kernel set's (default_row_threshold) and writes none, so a
-    checkpoint quantized on one CPU takes each CPU's own."""
+    activation_bits, dequant_rows become constants of the op call) is a field here, so it is part
+    of the checkpoint's config and of vLLM's compile-cache key, never an environment variable. A
+    config without row_threshold or dequant_rows takes the kernel set's (_PER_SET) and writes
+    none, so a checkpoint quantized on one CPU takes each CPU's own."""
 
     ACTIVATION_BITS = 16  # the default of this method
 
@@ -108,7 +133,8 @@ class CpuInt4Config(QuantizationConfig):
                  ignored_modules: list[str] | None = None,
                  row_threshold: int | None = None,
                  checkpoint_quantized: bool = False,
-                 activation_bits: int | None = None) -> None:
+                 activation_bits: int | None = None,
+                 dequant_rows: int | None = None) -> None:
         super().__init__()
         if activation_bits is None:
             activation_bits = self.ACTIVATION_BITS
@@ -120,10 +146,12 @@ class CpuInt4Config(QuantizationConfig):
         if group_size not in grid.GROUP_SIZES:
             raise OmniInputError(f"quantization_config.group_size: must be one of "
                                  f"{list(grid.GROUP_SIZES)}, got {group_size!r}")
-        if row_threshold is not None and (not isinstance(row_threshold, int)
-                                          or isinstance(row_threshold, bool) or row_threshold < 0):
-            raise OmniInputError(f"quantization_config.row_threshold: must be an int >= 0, "
-                                 f"got {row_threshold!r}")
+        given = {"row_threshold": row_threshold, "dequant_rows": dequant_rows}
+        for name, value in given.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise OmniInputError(f"quantization_config.{name}: must be an int >= 0, "
+                                     f"got {value!r}")
         ignored = list(ignored_modules or [])
         if not isinstance(ignored_modules, (list, tuple, type(None))) \
                 or not all(isinstance(m, str) for m in ignored):
@@ -131,24 +159,34 @@ class CpuInt4Config(QuantizationConfig):
                                  f"module names, got {ignored_modules!r}")
         self.group_size = group_size
         self.ignored_modules = ignored
-        self._row_threshold = row_threshold  # None: the kernel set's, resolved when first read
-        self._set_row_threshold: int | None = None
+        self._given = given  # None: the kernel set's, resolved when first read
+        self._resolved: dict[str, int] = {}
         # True: the checkpoint holds weight_packed/scale/zero; False: bf16, quantize at load.
         self.checkpoint_quantized = checkpoint_quantized
 
+    def _per_set(self, name: str) -> int:
+        """The config's value, else the kernel set's (read when a layer first needs it, so
+        writing a checkpoint loads no kernels)."""
+        if self._given[name] is not None:
+            return self._given[name]
+        if name not in self._resolved:
+            self._resolved[name] = _PER_SET[name]()
+        return self._resolved[name]
+
     @property
     def row_threshold(self) -> int:
-        """Rows from which a layer takes the int4 GEMM: the config's, else the kernel set's (read
-        when a layer first needs it, so writing a checkpoint loads no kernels)."""
-        if self._row_threshold is not None:
-            return self._row_threshold
-        if self._set_row_threshold is None:
-            self._set_row_threshold = default_row_threshold()
-        return self._set_row_threshold
+        """Rows from which a layer takes the int4 GEMM instead of the GEMV."""
+        return self._per_set("row_threshold")
+
+    @property
+    def dequant_rows(self) -> int:
+        """Rows from which a W4A16 layer dequantizes for a bf16 matmul (0: never)."""
+        return self._per_set("dequant_rows")
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(group_size={self.group_size}, row_threshold="
-                f"{self.row_threshold}, activation_bits={self.activation_bits}, "
+                f"{self.row_threshold}, dequant_rows={self.dequant_rows}, "
+                f"activation_bits={self.activation_bits}, "
                 f"ignored_modules={len(self.ignored_modules)}, "
                 f"checkpoint_quantized={self.checkpoint_quantized})")
 
@@ -173,22 +211,22 @@ class CpuInt4Config(QuantizationConfig):
             raise OmniInputError(f"quantization_config.quant_method: expected "
                                  f"{QUANT_METHOD!r}, got {method!r}")
         unknown = set(config) - {"quant_method", "group_size", "ignored_modules",
-                                 "row_threshold", "activation_bits"}
+                                 "row_threshold", "activation_bits", "dequant_rows"}
         if unknown:
             raise OmniInputError(f"quantization_config: unknown field(s) {sorted(unknown)}")
         return cls(group_size=config.get("group_size", grid.DEFAULT_GROUP_SIZE),
                    ignored_modules=config.get("ignored_modules", []),
                    row_threshold=config.get("row_threshold"),
                    checkpoint_quantized=True,
-                   activation_bits=config.get("activation_bits", cls.ACTIVATION_BITS))
+                   activation_bits=config.get("activation_bits", cls.ACTIVATION_BITS),
+                   dequant_rows=config.get("dequant_rows"))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``quantization_config`` block of config.json (``activation_bits`` only when not
         16, so the checkpoints written before it existed are written the same)."""
         out = {"quant_method": QUANT_METHOD, "group_size": self.group_size,
                "ignored_modules": list(self.ignored_modules)}
-        if self._row_threshold is not None:
-            out["row_threshold"] = self._row_threshold
+        out.update({k: v for k, v in self._given.items() if v is not None})
         if self.activation_bits != 16:
             out["activation_bits"] = self.activation_bits
         return out
@@ -287,6 +325,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # Read now, at model construction: apply() runs inside dynamo's trace, which cannot
         # follow the kernel set's lookup (it reads /proc/cpuinfo).
         self.row_threshold = config.row_threshold
+        self.dequant_rows = config.dequant_rows
 
     # -- weights -----------------------------------------------------------------------------
 
@@ -491,7 +530,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         # The op itself, not int4_linear.op(): registration takes a lock dynamo cannot trace.
         return torch.ops.vllm_omni.cpu_int4_linear(
             x, getattr(layer, PACK), getattr(layer, SCALES_ZEROS), self.config.group_size,
-            self.row_threshold, bias, self.config.activation_bits)
+            self.row_threshold, bias, self.config.activation_bits, self.dequant_rows)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         if layer.cpu_int4.dense:

@@ -39,7 +39,8 @@ def _src(tmp_path, odd_k_proj=False, tie=True):
 
 def test_writes_format_config_record_and_tokenizer(tmp_path):
     src = _src(tmp_path)
-    res = convert.quantize_checkpoint(src, tmp_path / "dst", group_size=64, row_threshold=5)
+    res = convert.quantize_checkpoint(src, tmp_path / "dst", group_size=64, row_threshold=5,
+                                      dequant_rows=0)
     dst = tmp_path / "dst"
     t = load_file(str(dst / "model.safetensors"))
     p = "model.layers.0.self_attn.q_proj."
@@ -49,7 +50,7 @@ def test_writes_format_config_record_and_tokenizer(tmp_path):
     assert "model.norm.weight" in t and "lm_head.weight_packed" not in t
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert qc == {"quant_method": "cpu_int4", "group_size": 64, "ignored_modules": [],
-                  "row_threshold": 5}
+                  "row_threshold": 5, "dequant_rows": 0}
     assert (dst / "tokenizer.json").read_text() == "{}"
     rec = json.loads((dst / convert.RECORD).read_text())
     assert set(rec["source_sha256"]) == {"config.json", "model.safetensors"}

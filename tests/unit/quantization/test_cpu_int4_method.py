@@ -123,6 +123,7 @@ def test_quantized_checkpoint_with_unsupported_layer_not_ignored_is_rejected():
 @pytest.mark.parametrize("cfg,match", [
     ({"group_size": 96}, r"group_size: must be one of \[32, 64, 128\], got 96"),
     ({"row_threshold": -1}, r"row_threshold: must be an int >= 0, got -1"),
+    ({"dequant_rows": "256"}, r"dequant_rows: must be an int >= 0, got '256'"),
     ({"ignored_modules": "lm_head"}, r"ignored_modules"),
     ({"quant_method": "awq"}, r"quant_method: expected 'cpu_int4', got 'awq'"),
     ({"grup_size": 64}, r"unknown field\(s\) \['grup_size'\]"),
@@ -146,19 +147,24 @@ def test_config_round_trip_and_defaults():
     assert "row_threshold" not in at_load.to_dict()  # each CPU takes its own
 
 
-@pytest.mark.parametrize("kernel_set,want", [("amx", 16), ("avx512", 32), ("avx2", 32),
-                                             ("portable", 32), ("python", 32)])
-def test_a_config_without_row_threshold_takes_the_kernel_sets(kernel_set, want, monkeypatch):
+@pytest.mark.parametrize("kernel_set,want,dequant", [
+    ("amx", 16, cpu_int4.DEQUANT_ROWS_BY_SET["amx"]), ("avx512", 32, 0), ("avx2", 32, 0),
+    ("portable", 32, 0), ("python", 32, 0)])
+def test_a_config_without_row_threshold_takes_the_kernel_sets(kernel_set, want, dequant,
+                                                              monkeypatch):
     """The GEMM on AMX tiles overtakes the GEMV at 16 rows (results/int4_kernels/
-    20261207T113929Z.json), the other sets' at 32; a config that names one keeps it."""
+    20261207T113929Z.json), the other sets' at 32; only on AMX does the bf16 matmul on the
+    dequantized weight overtake the GEMM; a config that names a value keeps it."""
     from vllm_omni.ops import native
 
     monkeypatch.setattr(native, "kernel_set", lambda: kernel_set)
-    assert cpu_int4.CpuInt4Config().row_threshold == want
-    assert cpu_int4.CpuInt4Config.from_config({"group_size": 64}).row_threshold == want
-    assert cpu_int4.CpuInt4A8Config().row_threshold == want
+    for c in (cpu_int4.CpuInt4Config(), cpu_int4.CpuInt4Config.from_config({"group_size": 64}),
+              cpu_int4.CpuInt4A8Config()):
+        assert (c.row_threshold, c.dequant_rows) == (want, dequant)
     assert cpu_int4.CpuInt4Config(row_threshold=7).row_threshold == 7
     assert cpu_int4.CpuInt4Config.from_config({"row_threshold": 40}).row_threshold == 40
+    given = cpu_int4.CpuInt4Config.from_config({"dequant_rows": 0})
+    assert given.dequant_rows == 0 and given.to_dict()["dequant_rows"] == 0
 
 
 def test_writing_a_config_without_row_threshold_loads_no_kernels(monkeypatch):
@@ -174,6 +180,7 @@ def test_writing_a_config_without_row_threshold_loads_no_kernels(monkeypatch):
     assert c.to_dict() == {"quant_method": "cpu_int4", "group_size": 64, "ignored_modules": []}
     monkeypatch.setattr(native, "kernel_set", lambda: "amx")
     assert c.row_threshold == 16
+    assert c.dequant_rows == cpu_int4.DEQUANT_ROWS_BY_SET["amx"]
 
 
 def test_w4a8_is_a_field_and_a_method_of_its_own():
@@ -212,12 +219,12 @@ def test_apply_passes_activation_bits_to_the_op(monkeypatch):
     for cfg, bits in ((cpu_int4.CpuInt4Config(), 16), (cpu_int4.CpuInt4A8Config(), 8)):
         cpu_int4.CpuInt4LinearMethod(cfg, "model.layers.0.mlp.down_proj").apply(
             layer, torch.zeros(2, 4))
-        assert calls[-1][-1] == bits
+        assert calls[-1][6] == bits
 
 
 def test_the_threshold_is_read_when_the_method_is_made_not_in_apply(monkeypatch):
     """apply() runs inside dynamo's trace, which cannot follow the kernel set's lookup (it
-    reads /proc/cpuinfo): the kernel set's threshold is read when vLLM makes the method."""
+    reads /proc/cpuinfo): the kernel set's values are read when vLLM makes the method."""
     from vllm_omni.ops import native
 
     calls = []
@@ -235,7 +242,7 @@ def test_the_threshold_is_read_when_the_method_is_made_not_in_apply(monkeypatch)
     setattr(layer, cpu_int4.PACK, torch.zeros(1))
     setattr(layer, cpu_int4.SCALES_ZEROS, torch.zeros(1))
     method.apply(layer, torch.zeros(2, 4))
-    assert calls[-1][4] == 16
+    assert calls[-1][4] == 16 and calls[-1][7] == cpu_int4.DEQUANT_ROWS_BY_SET["amx"]
 
 
 def test_partly_ignored_fused_layer_is_rejected():

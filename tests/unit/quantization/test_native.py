@@ -383,6 +383,40 @@ def test_w4a8_op_equals_its_kernels_and_the_python_path(rows, threshold, monkeyp
     assert not torch.equal(fast, a16)
 
 
+@pytest.mark.parametrize("name", SETS)
+@pytest.mark.parametrize("n", [208, 592])  # one chunk; three, the last a part one
+def test_dequant_mm_is_a_bf16_matmul_on_each_chunk_of_the_dequantized_weight(name, n):
+    packed, sz, w = _layer(64, n=n)
+    x = _x(40, 31)
+    ops = native.ops(name)
+    chunks = [torch.mm(x, ops.int4_dequant_t(packed, sz, 64, r, min(n, r + 256)))
+              for r in range(0, n, 256)]
+    y = ops.int4_dequant_mm(x, packed, sz, 64)
+    assert torch.equal(y, torch.cat(chunks, 1))
+    # the dequantized weights' product, not the GEMM's bits: within bf16 rounding of it
+    ref = x.float() @ w.float().t()
+    assert (y.float() - ref).abs().max() <= ref.abs().max() * 2 ** -7
+    assert not torch.equal(y, ops.int4_gemm(x, packed, sz, 64))
+
+
+@needs_native
+@pytest.mark.parametrize("rows,dequant_rows,bits,branch", [
+    (40, 40, 16, "dequant_mm"), (41, 40, 16, "dequant_mm"), (39, 40, 16, "gemm"),
+    (40, 0, 16, "gemm"), (3, 40, 16, "gemv"), (40, 40, 8, "gemm")])
+def test_the_op_dequantizes_from_dequant_rows_on_for_w4a16_only(rows, dequant_rows, bits, branch):
+    op = int4_linear.op()
+    ops = native.ops()
+    packed, sz, _ = _layer(64, n=208)
+    x = _x(rows, 32)
+    bias = _x(1, 33, 208)[0]
+    want = {"dequant_mm": lambda: ops.int4_dequant_mm(x, packed, sz, 64),
+            "gemm": lambda: ops.int4_gemm(x, packed, sz, 64, bits),
+            "gemv": lambda: ops.int4_gemv(x, packed, sz, 64, bits)}[branch]() + bias
+    fast = op(x, packed, sz, 64, 16, bias, bits, dequant_rows)
+    assert torch.equal(fast, want)
+    assert torch.equal(fast, _python_op(x, packed, sz, 64, 16, bias, bits, dequant_rows))
+
+
 @needs_native
 @pytest.mark.parametrize("n", [N, 208])
 def test_native_embedding_equals_the_python_lookup(n):

@@ -37,6 +37,8 @@
 //   row r alone (at the same activation_bits).
 // OMNI_NS::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): bf16 W^T
 //   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
+// OMNI_NS::int4_dequant_mm(x, packed, scales_zeros, group_size): y = x @ W^T as a bf16 matmul
+//   on W^T dequantized chunk by chunk (what cpu_int4_linear runs from dequant_rows rows on).
 // OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
 //   largest value as int64; an empty tensor if any row holds a NaN (the caller then takes vLLM's
 //   own path for that step). Used by the step_overhead patch's greedy sampler.
@@ -333,6 +335,26 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
   return wt;
 }
 
+// y = x @ W^T the way vLLM's bf16 linear computes it, on W^T dequantized kDequantChunk output
+// rows at a time (2 KiB of W^T a k, so a chunk stays in cache while it is multiplied) by torch's
+// bf16 matmul (oneDNN; AMX tiles where the CPU has them). Not the GEMV's bits: W is rounded to
+// bf16 (int4_pack.dequantize's values) and x enters as it is, not as 15-bit codes.
+constexpr int64_t kDequantChunk = 256;
+
+at::Tensor int4_dequant_mm(const at::Tensor& x, const at::Tensor& packed,
+                           const at::Tensor& scales_zeros, int64_t group_size) {
+  const int64_t N = scales_zeros.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "int4_dequant_mm: x must be bf16 [M, K]");
+  if (N <= kDequantChunk) return at::mm(x, int4_dequant_t(packed, scales_zeros, group_size, 0, N));
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  for (int64_t r = 0; r < N; r += kDequantChunk) {
+    const int64_t end = std::min(N, r + kDequantChunk);
+    y.narrow(1, r, end - r).copy_(at::mm(x, int4_dequant_t(packed, scales_zeros, group_size, r, end)));
+  }
+  return y;
+}
+
 // ---- The kernels of the vllm_omni ops themselves -----------------------------------------
 //
 // vllm_omni::cpu_int4_linear and cpu_int4_embedding are defined (schema and fake) in Python,
@@ -344,14 +366,17 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
 at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
                            const at::Tensor& scales_zeros, int64_t group_size,
                            int64_t row_threshold, const std::optional<at::Tensor>& bias,
-                           int64_t activation_bits) {
+                           int64_t activation_bits, int64_t dequant_rows) {
   const int64_t K = x.size(-1), N = scales_zeros.size(1);
   at::Tensor x2 = x.reshape({-1, K});
   if (x2.scalar_type() != at::kBFloat16) x2 = x2.to(at::kBFloat16);
   x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
-  // Both branches give the same bits (int4_base.h); the threshold chooses only the speed.
-  at::Tensor y = rows < row_threshold
+  // The GEMV and the GEMM give the same bits (int4_base.h): row_threshold chooses only the
+  // speed. dequant_rows (0: never; W4A16 only) rounds otherwise: int4_dequant_mm.
+  at::Tensor y = dequant_rows > 0 && rows >= dequant_rows && activation_bits == 16
+                     ? int4_dequant_mm(x2, packed, scales_zeros, group_size)
+                 : rows < row_threshold
                      ? int4_gemv(x2, packed, scales_zeros, group_size, activation_bits)
                      : int4_gemm(x2, packed, scales_zeros, group_size, activation_bits);
   if (bias.has_value()) y = y + bias->to(y.scalar_type());
@@ -442,6 +467,7 @@ OMNI_LIBRARY(OMNI_NS, m) {
   m.def(
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
+  m.def("int4_dequant_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.def("register_kernels() -> ()", &omni::register_kernels);
   m.def("set_weight_prefetch(str mode) -> str", &omni::set_weight_prefetch);
   m.def("set_gemv_streams(int n) -> int", &omni::set_gemv_streams);
@@ -453,5 +479,6 @@ OMNI_LIBRARY_IMPL(OMNI_NS, CPU, m) {
   m.impl("int4_gemv", &omni::int4_gemv);
   m.impl("int4_gemm", &omni::int4_gemm);
   m.impl("int4_dequant_t", &omni::int4_dequant_t);
+  m.impl("int4_dequant_mm", &omni::int4_dequant_mm);
   m.impl("greedy_argmax", &omni::greedy_argmax);
 }
