@@ -152,6 +152,31 @@ def test_int4_computes_what_its_dequantized_weights_compute(fake_quant, int4):
     assert int4["tokens"] == fake_quant["tokens"]
 
 
+def test_the_dequantizing_branch_computes_what_the_dequantized_weights_compute(work, fake_quant,
+                                                                             int4):
+    """dequant_rows 1 in the checkpoint's config: every linear of every step (prompt and
+    decode) dequantizes W^T chunk by chunk for torch's bf16 matmul, on whichever kernel set,
+    instead of the integer kernels; what vLLM bf16 computes on the dequantized weights, up to
+    the matmul's rounding."""
+    tmp, _, dst = work
+    dq = tmp / "tiny-int4-dq1"
+    dq.mkdir()
+    for f in dst.iterdir():
+        os.link(f, dq / f.name)
+    (dq / "config.json").unlink()
+    hf = json.loads((dst / "config.json").read_text())
+    hf["quantization_config"]["dequant_rows"] = 1
+    (dq / "config.json").write_text(json.dumps(hf))
+    got = _run(tmp, "int4-dq1", dq)
+    m = _compare(fake_quant, got)
+    print(f"\ncpu_int4 dequant_rows 1 vs bf16 with the dequantized weights: {m}")
+    assert m["rel_mae"] < 0.02 and m["argmax_agree"] >= 0.9
+    assert got["tokens"] == fake_quant["tokens"]
+    import torch
+
+    assert not torch.equal(got["logits"], int4["logits"])  # not the integer kernels' bits
+
+
 def test_quantized_checkpoint_tracks_bf16(bf16, int4, record_property):
     """Quantization error itself on the random tiny model (seeded weights, std 0.02). Measured
     on an AMD EPYC (Zen 5, AVX-512): rel_mae 0.256, argmax agreement 54 of 63 positions; the
