@@ -82,14 +82,15 @@ ROW_THRESHOLD_BY_SET = {"amx": 16}
 # Rows from which W4A16 dequantizes W^T chunk by chunk for torch's bf16 matmul instead of the
 # integer GEMM (int4_dequant_mm in csrc/int4_ops.h; 0: never). Not the same bits: the GEMV's and
 # the GEMM's integer arithmetic below it, vLLM bf16's rounding on the dequantized weights from it
-# on. amx: 384, from `python -m omni_ray.bench.int4_prefill --shape qwen2.5-3b-full-vocab --rows
-# 256,384,512 --threads 1 --clock thread` on the Intel AMX Xeon (results/int4_prefill/
-# 20261207T144703Z.json): at 384 rows the bf16 matmul on AMX tiles took 0.75-0.97x the integer
-# GEMM's time on all five 3B linears (head included), at 256 it won on one, tied on two and lost
-# on two. The other sets: never, until measured against this branch. On an AMD Zen 5 the
-# avx512 set's GEMM took 1.03-1.12x the time of the bf16 matmul alone at 512 rows, before any
-# dequantizing (results/int4_prefill/20261206T025146Z.json, 0.5B shapes, 1 thread).
-DEQUANT_ROWS_BY_SET = {"amx": 384}
+# on. amx: 512, from `python -m omni_ray.bench.int4_prefill --shape qwen2.5-3b-full-vocab --rows
+# 384,512 --reps 3` (2 threads, idle) on the Intel AMX Xeon (results/int4_prefill/
+# 20261207T153341Z.json): at 512 rows the bf16 matmul on AMX tiles took 0.67-0.92x the integer
+# GEMM's time on the four linears a prompt's rows go through (the head, which sees one row a
+# sequence, 1.03x), at 384 it gained nothing on two of those four (1.00x, 1.04x). Other sets: never,
+# until measured against this branch (on an AMD Zen 5 the avx512 set's GEMM took 1.03-1.12x the
+# time of the bf16 matmul alone at 512 rows, before any dequantizing: results/int4_prefill/
+# 20261206T025146Z.json).
+DEQUANT_ROWS_BY_SET = {"amx": 512}
 
 
 def default_row_threshold() -> int:
