@@ -350,7 +350,8 @@ at::Tensor int4_dequant_mm(const at::Tensor& x, const at::Tensor& packed,
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   for (int64_t r = 0; r < N; r += kDequantChunk) {
     const int64_t end = std::min(N, r + kDequantChunk);
-    y.narrow(1, r, end - r).copy_(at::mm(x, int4_dequant_t(packed, scales_zeros, group_size, r, end)));
+    const at::Tensor wt = int4_dequant_t(packed, scales_zeros, group_size, r, end);
+    y.narrow(1, r, end - r).copy_(at::mm(x, wt));
   }
   return y;
 }
