@@ -102,8 +102,8 @@ def default_row_threshold() -> int:
 
 
 def default_dequant_rows() -> int:
-    """dequant_rows where a config gives none: measured per kernel set, 0 (never) for the sets
-    whose integer GEMM was not measured slower than it."""
+    """dequant_rows where a config gives none: measured per kernel set (DEQUANT_ROWS_BY_SET),
+    0 (never) for the sets not yet measured against the integer GEMM."""
     from vllm_omni.ops import native
 
     return DEQUANT_ROWS_BY_SET.get(native.kernel_set(), 0)
