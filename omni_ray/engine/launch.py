@@ -177,14 +177,20 @@ def _limit_report(limit_mib: int, peak_mb: float | None, *, exceeded: bool) -> d
 
 
 def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s: float,
+               deadline: float | None = None,
                on_poll: Callable[[int], None] | None = None) -> dict:
-    """One engine process for ``req``; returns the runner's result plus exit and log facts."""
+    """One engine process for ``req``; returns the runner's result plus exit and log facts.
+
+    The process is killed past ``timeout_s``, or past ``deadline`` (a ``time.monotonic()``)
+    when given: what is left of an arm's ``timeout_s`` after an earlier process of it. A
+    timeout's error names ``timeout_s``, the limit the config set, not what was left of it."""
     workdir.mkdir(parents=True, exist_ok=True)
     req_path, out_path = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
     log_path = workdir / f"{name}.log"
     write_json_atomic(req_path, req.to_dict() if isinstance(req, EngineRequest) else req)
     out_path.unlink(missing_ok=True)
     t0 = time.monotonic()
+    end = t0 + timeout_s if deadline is None else deadline
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "omni_ray.engine.runner", str(req_path), str(out_path)],
@@ -193,7 +199,7 @@ def run_engine(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s
             start_new_session=True)
         status, limit, seen = None, _memory_limit(req), {}
         while proc.poll() is None:
-            if time.monotonic() - t0 > timeout_s:
+            if time.monotonic() > end:
                 status = "timeout"
             elif _over_limit(proc.pid, limit, seen):
                 status = "oom"
@@ -256,12 +262,13 @@ def launch_arm(req: EngineRequest | dict, workdir: Path, name: str, *, timeout_s
     try:
         if warm_start:
             prime = run_engine(dataclasses.replace(req, workload=None, then=()), workdir,
-                               f"{name}.prime", timeout_s=timeout_s, on_poll=on_poll)
+                               f"{name}.prime", timeout_s=timeout_s, deadline=deadline,
+                               on_poll=on_poll)
             if prime["status"] != "ok":
                 prime["error"] = f"warm-start priming failed: {prime.get('error')}"
                 return prime
-        result = run_engine(req, workdir, name, timeout_s=max(1.0, deadline - time.monotonic()),
-                            on_poll=on_poll)
+        result = run_engine(req, workdir, name, timeout_s=timeout_s,
+                            deadline=max(deadline, time.monotonic() + 1.0), on_poll=on_poll)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     if prime is not None:

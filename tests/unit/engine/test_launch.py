@@ -213,6 +213,24 @@ def test_an_engine_past_its_timeout_is_killed(monkeypatch, tmp_path):
     assert r["status"] == "timeout" and "timeout_s=1" in r["error"] and r["wall_s"] < 10
 
 
+def test_an_arm_past_its_timeout_is_named_by_the_configured_limit(monkeypatch, tmp_path):
+    """launch_arm waits for what is left of timeout_s; the error names timeout_s itself (it
+    once named what was left, ``timeout_s=2.99999`` for a 3 s arm, when the clock moved
+    between the arm's deadline and its engine's start). Here each clock read moves 0.25 s."""
+    import itertools
+    import time
+    import types
+
+    _fake_engine(monkeypatch, "import time; time.sleep(60)")
+    ticks = itertools.count()
+    clock = types.SimpleNamespace(monotonic=lambda: time.monotonic() + 0.25 * next(ticks),
+                                  sleep=time.sleep)
+    monkeypatch.setattr(launch, "time", clock)
+    r = launch.launch_arm({"model": "tiny", "stage": {"kv_cache_mib": 64}}, tmp_path, "x",
+                          timeout_s=1.5)
+    assert r["status"] == "timeout" and r["error"] == "no result within timeout_s=1.5", r["error"]
+
+
 def test_a_plain_request_is_checked_by_the_schema_before_any_engine_starts():
     from omni_ray.engines.request import EngineRequest
     from omni_ray.errors import ConfigError
