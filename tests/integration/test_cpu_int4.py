@@ -1,7 +1,11 @@
 """cpu_int4 on real vLLM: quantize the tiny model, load it with plain ``vllm.LLM``, compare.
 
-Each engine runs in a fresh interpreter (``python -m tests.integration.test_cpu_int4``) in
-vLLM's in-process mode, so one test's engine state never leaks into the next. An engine
+Engines run in fresh interpreters (``python -m tests.integration.test_cpu_int4``) in vLLM's
+in-process mode, never in pytest's. Those that differ only in model and method run one after
+another in one interpreter (vLLM's import, most of an eager start here, is paid once); an
+engine whose process must differ (another kernel set, torch's AVX2 kernels, a compile cache
+to inspect, a load that must fail) has one of its own. Comparing bits across the two is a
+check too: an engine's output does not depend on what ran before it in its process. An engine
 returns the raw logits of every prompt position (teacher-forced: both models see the same
 tokens) and 64 greedy tokens.
 """
@@ -22,11 +26,20 @@ GEN_TOKENS = 64
 pytestmark = pytest.mark.integration
 
 
-def _engine_main(spec_path: str, out_path: str) -> None:
-    """Run one engine as described in the spec file; torch.save its logits and tokens."""
+def _engine_main(spec_path: str) -> None:
+    """Run the engines the spec file lists, one after another in this process; torch.save each
+    one's logits and tokens to its ``out``."""
     spec = json.loads(Path(spec_path).read_text())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    import gc
+
+    for engine in spec["engines"]:
+        _generate(engine, spec["prompt"])
+        gc.collect()
+
+
+def _generate(spec: dict, prompt: list[int]) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -37,9 +50,9 @@ def _engine_main(spec_path: str, out_path: str) -> None:
               max_model_len=256, logprobs_mode="raw_logits", max_logprobs=-1, seed=0, **kw)
     sp = SamplingParams(max_tokens=GEN_TOKENS, temperature=0, prompt_logprobs=-1,
                         ignore_eos=True)
-    out = llm.generate([{"prompt_token_ids": spec["prompt"]}], sp, use_tqdm=False)[0]
+    out = llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)[0]
     vocab = llm.llm_engine.model_config.get_vocab_size()
-    logits = torch.full((len(spec["prompt"]) - 1, vocab), float("nan"))
+    logits = torch.full((len(prompt) - 1, vocab), float("nan"))
     for i, pos in enumerate(out.prompt_logprobs[1:]):
         for tok, lp in pos.items():
             logits[i, tok] = lp.logprob
@@ -54,13 +67,22 @@ def _engine_main(spec_path: str, out_path: str) -> None:
                 "attention_kernels": cpu_attention.kernels_in_use(),
                 "dynamic_threads": inductor.get("cpp.dynamic_threads"),
                 "compiled_call": compiled_call.replays()},
-               out_path)
+               spec["out"])
 
 
-def _run(tmp: Path, name: str, model: Path, *, eager: bool = True,
-         quantization: str | None = None, check: bool = True, timeout: int = 300,
-         compilation_config: dict | None = None,
-         env_extra: dict | None = None) -> dict | subprocess.CompletedProcess:
+def _engine(model: Path, *, eager: bool = True, quantization: str | None = None,
+            compilation_config: dict | None = None) -> dict:
+    return {"model": str(model), "eager": eager, "quantization": quantization,
+            "compilation_config": compilation_config}
+
+
+def _run_many(tmp: Path, name: str, engines: dict[str, dict], *, check: bool = True,
+              timeout: int = 300,
+              env_extra: dict | None = None) -> dict[str, dict] | subprocess.CompletedProcess:
+    """``engines`` (name -> ``_engine(...)``) one after another in one fresh interpreter with
+    ``env_extra``: an engine start there costs vLLM's import once, not once an engine. Engines
+    whose process state must differ (a kernel set, a compile cache) go to processes of their
+    own."""
     import random
 
     import torch
@@ -68,20 +90,29 @@ def _run(tmp: Path, name: str, model: Path, *, eager: bool = True,
     rng = random.Random(0)
     prompt = [rng.randrange(3, 2000) for _ in range(PROMPT_LEN)]
     spec = tmp / f"{name}.spec.json"
-    spec.write_text(json.dumps({"model": str(model), "eager": eager, "prompt": prompt,
-                                "quantization": quantization,
-                                "compilation_config": compilation_config}))
-    out = tmp / f"{name}.pt"
+    outs = {k: tmp / f"{k}.pt" for k in engines}
+    spec.write_text(json.dumps({"prompt": prompt, "engines": [
+        e | {"out": str(outs[k])} for k, e in engines.items()]}))
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     env["VLLM_CACHE_ROOT"] = str(tmp / f"vllm-cache-{name}")  # compile from scratch
     env.update(env_extra or {})
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.test_cpu_int4", str(spec),
-                           str(out)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.test_cpu_int4", str(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if not check:
         return proc
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out)
+    return {k: torch.load(out) for k, out in outs.items()}
+
+
+def _run(tmp: Path, name: str, model: Path, *, eager: bool = True,
+         quantization: str | None = None, check: bool = True, timeout: int = 300,
+         compilation_config: dict | None = None,
+         env_extra: dict | None = None) -> dict | subprocess.CompletedProcess:
+    """One engine in a process of its own."""
+    got = _run_many(tmp, name, {name: _engine(model, eager=eager, quantization=quantization,
+                                              compilation_config=compilation_config)},
+                    check=check, timeout=timeout, env_extra=env_extra)
+    return got if not check else got[name]
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +128,7 @@ def work(tmp_path_factory):
     return tmp, src, dst
 
 
-@pytest.fixture(scope="module")
-def fake_quant(work):
+def _fake_quant_model(tmp: Path, src: Path) -> Path:
     """The bf16 model with every quantized weight replaced by its dequantized value: what the
     int4 model computes, up to kernel rounding."""
     import shutil
@@ -107,7 +137,6 @@ def fake_quant(work):
 
     from vllm_omni.quantization import grid
 
-    tmp, src, _ = work
     out = tmp / "tiny-fake-quant"
     shutil.copytree(src, out)
     t = load_file(str(src / "model.safetensors"))
@@ -115,19 +144,78 @@ def fake_quant(work):
         if w.ndim == 2:
             t[name] = grid.dequantize(grid.quantize(w, 128))
     save_file(t, str(out / "model.safetensors"))
-    return _run(tmp, "fake-quant", out)
+    return out
+
+
+def _dequant_rows_model(tmp: Path, dst: Path, rows: int) -> Path:
+    """The int4 checkpoint (its files hard-linked) with ``dequant_rows`` in its config."""
+    dq = tmp / f"tiny-int4-dq{rows}"
+    dq.mkdir()
+    for f in dst.iterdir():
+        if f.name != "config.json":
+            os.link(f, dq / f.name)
+    hf = json.loads((dst / "config.json").read_text())
+    hf["quantization_config"]["dequant_rows"] = rows
+    (dq / "config.json").write_text(json.dumps(hf))
+    return dq
 
 
 @pytest.fixture(scope="module")
-def bf16(work):
-    tmp, src, _ = work
-    return _run(tmp, "bf16", src)
+def eager(work):
+    """Every eager engine on this CPU's own kernel set, in one process (name -> its output):
+    bf16, bf16 on the dequantized weights (``fake-quant``), the int4 checkpoint as cpu_int4
+    (W4A16), with ``dequant_rows`` 1, as cpu_int4_a8 (W4A8), and the bf16 checkpoint quantized
+    at load by each method."""
+    tmp, src, dst = work
+    return _run_many(tmp, "eager", {
+        "fake-quant": _engine(_fake_quant_model(tmp, src)),
+        "bf16": _engine(src),
+        "int4": _engine(dst),
+        "int4-dq1": _engine(_dequant_rows_model(tmp, dst, 1)),
+        "at-load": _engine(src, quantization="cpu_int4"),
+        "int4-a8": _engine(dst, quantization="cpu_int4_a8"),
+        "at-load-a8": _engine(src, quantization="cpu_int4_a8")}, timeout=900)
 
 
 @pytest.fixture(scope="module")
-def int4(work):
+def fake_quant(eager):
+    return eager["fake-quant"]
+
+
+@pytest.fixture(scope="module")
+def bf16(eager):
+    return eager["bf16"]
+
+
+@pytest.fixture(scope="module")
+def int4(eager):
+    return eager["int4"]
+
+
+@pytest.fixture(scope="module")
+def a8(eager):
+    """The cpu_int4 checkpoint read as cpu_int4_a8 (W4A8: x rounded to int8 per group)."""
+    return eager["int4-a8"]
+
+
+@pytest.fixture(scope="module")
+def other_set(work):
+    """kernel set -> W4A16 and W4A8 on the int4 checkpoint, an engine forced onto that set
+    (VLLM_OMNI_INT4_ISA), both in one process, run once for the module."""
     tmp, _, dst = work
-    return _run(tmp, "int4", dst)
+    runs = {}
+
+    def get(kernel_set: str) -> dict:
+        if kernel_set not in runs:
+            runs[kernel_set] = _run_many(
+                tmp, f"set-{kernel_set}",
+                {f"int4-{kernel_set}": _engine(dst),
+                 f"int4-a8-{kernel_set}": _engine(dst, quantization="cpu_int4_a8")},
+                env_extra={"VLLM_OMNI_INT4_ISA": kernel_set}, timeout=600)
+        got = runs[kernel_set]
+        return {"w4a16": got[f"int4-{kernel_set}"], "w4a8": got[f"int4-a8-{kernel_set}"]}
+
+    return get
 
 
 def _compare(ref: dict, got: dict) -> dict:
@@ -152,22 +240,13 @@ def test_int4_computes_what_its_dequantized_weights_compute(fake_quant, int4):
     assert int4["tokens"] == fake_quant["tokens"]
 
 
-def test_the_dequantizing_branch_computes_what_the_dequantized_weights_compute(work, fake_quant,
+def test_the_dequantizing_branch_computes_what_the_dequantized_weights_compute(eager, fake_quant,
                                                                              int4):
     """dequant_rows 1 in the checkpoint's config: every linear of every step (prompt and
     decode) dequantizes W^T chunk by chunk for torch's bf16 matmul, on whichever kernel set,
     instead of the integer kernels; what vLLM bf16 computes on the dequantized weights, up to
     the matmul's rounding."""
-    tmp, _, dst = work
-    dq = tmp / "tiny-int4-dq1"
-    dq.mkdir()
-    for f in dst.iterdir():
-        os.link(f, dq / f.name)
-    (dq / "config.json").unlink()
-    hf = json.loads((dst / "config.json").read_text())
-    hf["quantization_config"]["dequant_rows"] = 1
-    (dq / "config.json").write_text(json.dumps(hf))
-    got = _run(tmp, "int4-dq1", dq)
+    got = eager["int4-dq1"]
     m = _compare(fake_quant, got)
     print(f"\ncpu_int4 dequant_rows 1 vs bf16 with the dequantized weights: {m}")
     assert m["rel_mae"] < 0.02 and m["argmax_agree"] >= 0.9
@@ -200,12 +279,11 @@ def _other_sets() -> list[str]:
 
 
 @pytest.mark.parametrize("kernel_set", _other_sets())
-def test_every_kernel_set_generates_the_same_tokens(work, int4, kernel_set):
+def test_every_kernel_set_generates_the_same_tokens(other_set, int4, kernel_set):
     """One checkpoint, every CPU: an engine forced onto each other kernel set this CPU runs
     (VLLM_OMNI_INT4_ISA, as an AVX2-only or a non-x86 CPU would pick it) gives the same logits
     and the same greedy tokens, bit for bit."""
-    tmp, _, dst = work
-    got = _run(tmp, f"int4-{kernel_set}", dst, env_extra={"VLLM_OMNI_INT4_ISA": kernel_set})
+    got = other_set(kernel_set)["w4a16"]
     assert got["kernel_set"] == kernel_set and int4["kernel_set"] != kernel_set
     import torch
 
@@ -228,21 +306,13 @@ def test_a_cpu_whose_torch_packs_int4_otherwise_loads_and_generates(work, int4):
     assert m["rel_mae"] < 0.02 and m["argmax_agree"] >= 0.9
 
 
-def test_quantize_at_load_equals_the_written_checkpoint(work, int4):
-    tmp, src, _ = work
-    at_load = _run(tmp, "at-load", src, quantization="cpu_int4")
+def test_quantize_at_load_equals_the_written_checkpoint(eager, int4):
+    at_load = eager["at-load"]
     assert at_load["tokens"] == int4["tokens"]
     assert (at_load["logits"] - int4["logits"]).abs().max().item() == 0.0
 
 
-@pytest.fixture(scope="module")
-def a8(work):
-    """The cpu_int4 checkpoint read as cpu_int4_a8 (W4A8: x rounded to int8 per group)."""
-    tmp, _, dst = work
-    return _run(tmp, "int4-a8", dst, quantization="cpu_int4_a8")
-
-
-def test_w4a8_reads_the_checkpoint_and_quantizes_at_load_alike(work, int4, a8):
+def test_w4a8_reads_the_checkpoint_and_quantizes_at_load_alike(eager, int4, a8):
     """cpu_int4_a8 on a cpu_int4 checkpoint (vLLM would refuse the pair without the method's
     override) and on the bf16 one quantized at load: the same bits. Against W4A16 on the same
     weights only x's rounding differs: close (measured on an AMD EPYC Zen 5: rel_mae 0.020, 62
@@ -250,8 +320,7 @@ def test_w4a8_reads_the_checkpoint_and_quantizes_at_load_alike(work, int4, a8):
     the kernels."""
     import torch
 
-    tmp, src, _ = work
-    at_load = _run(tmp, "at-load-a8", src, quantization="cpu_int4_a8")
+    at_load = eager["at-load-a8"]
     assert at_load["tokens"] == a8["tokens"] and torch.equal(at_load["logits"], a8["logits"])
     m = _compare(int4, a8)
     print(f"\ncpu_int4_a8 vs cpu_int4 on tiny: {m}")
@@ -260,14 +329,12 @@ def test_w4a8_reads_the_checkpoint_and_quantizes_at_load_alike(work, int4, a8):
 
 
 @pytest.mark.parametrize("kernel_set", _other_sets())
-def test_w4a8_every_kernel_set_generates_the_same_tokens(work, a8, kernel_set):
+def test_w4a8_every_kernel_set_generates_the_same_tokens(other_set, a8, kernel_set):
     """W4A8 takes 8-bit kernels of its own on avx512 and avx2, the 15-bit ones on portable: bit
     for bit the same logits and tokens on each."""
     import torch
 
-    tmp, _, dst = work
-    got = _run(tmp, f"int4-a8-{kernel_set}", dst, quantization="cpu_int4_a8",
-               env_extra={"VLLM_OMNI_INT4_ISA": kernel_set})
+    got = other_set(kernel_set)["w4a8"]
     assert got["kernel_set"] == kernel_set
     assert got["tokens"] == a8["tokens"] and torch.equal(got["logits"], a8["logits"])
 
@@ -353,4 +420,4 @@ def test_checkpoint_missing_a_tensor_names_layer_and_tensor(work):
 
 
 if __name__ == "__main__":
-    _engine_main(sys.argv[1], sys.argv[2])
+    _engine_main(sys.argv[1])
