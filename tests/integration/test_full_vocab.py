@@ -1,7 +1,7 @@
 """A ``-full-vocab`` shape on real vLLM: the model's vocabulary is larger than the tokenizer's
 (as Qwen2.5's padded rows are), so prompts and generated ids above the tokenizer must pass
 validation and detokenize (to nothing) without an error. Checked on a shrunken copy of the
-shape (tiny layers, 4096 rows, a 2048-token tokenizer), in a fresh interpreter, streamed and
+shape (tiny layers, 4096 rows, a 2048-token tokenizer), both in one fresh interpreter, streamed and
 sharded like a big build, bf16 and int4 (a quantized, padded head).
 """
 
@@ -19,18 +19,21 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 CHILD = """
-import json, os, sys
+import gc, json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], enforce_eager=True, kv_cache_memory_bytes=64 << 20,
-          max_model_len=256, seed=0)
-prompt = [3000 + i for i in range(32)] + [5, 6, 7]  # ids above the 2048-token tokenizer
-out = llm.generate([{"prompt_token_ids": prompt}],
-                   SamplingParams(max_tokens=16, temperature=0, ignore_eos=True,
-                                  detokenize=True), use_tqdm=False)[0].outputs[0]
-print(json.dumps({"vocab": llm.llm_engine.model_config.get_vocab_size(),
-                  "tokens": list(out.token_ids), "text": out.text}))
+for model in sys.argv[1:]:  # one after another: vLLM's import is paid once
+    llm = LLM(model=model, enforce_eager=True, kv_cache_memory_bytes=64 << 20,
+              max_model_len=256, seed=0)
+    prompt = [3000 + i for i in range(32)] + [5, 6, 7]  # ids above the 2048-token tokenizer
+    out = llm.generate([{"prompt_token_ids": prompt}],
+                       SamplingParams(max_tokens=16, temperature=0, ignore_eos=True,
+                                      detokenize=True), use_tqdm=False)[0].outputs[0]
+    print(json.dumps({"model": model, "vocab": llm.llm_engine.model_config.get_vocab_size(),
+                      "tokens": list(out.token_ids), "text": out.text}))
+    del llm
+    gc.collect()
 """
 
 
@@ -56,12 +59,20 @@ def models(tmp_path_factory):
     return {"bf16": bf16, "int4": quantize_checkpoint(bf16, tmp / "int4").dst}
 
 
-@pytest.mark.parametrize("kind", ["bf16", "int4"])
-def test_ids_beyond_the_tokenizer_generate_and_detokenize(models, kind):
-    done = subprocess.run([sys.executable, "-c", CHILD, str(models[kind])], cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
-                          text=True, timeout=600)
+@pytest.fixture(scope="module")
+def generated(models):
+    """Each model's vocabulary, tokens and text, both engines in one fresh interpreter."""
+    done = subprocess.run([sys.executable, "-c", CHILD, str(models["bf16"]), str(models["int4"])],
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"model": ')]
+    return {kind: next(x for x in lines if x["model"] == str(models[kind]))
+            for kind in ("bf16", "int4")}
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int4"])
+def test_ids_beyond_the_tokenizer_generate_and_detokenize(generated, kind):
+    got = generated[kind]
     assert got["vocab"] == 4096 and len(got["tokens"]) == 16
     assert all(0 <= t < 4096 for t in got["tokens"])
