@@ -177,25 +177,19 @@ def eager(work):
         "at-load-a8": _engine(src, quantization="cpu_int4_a8")}, timeout=900)
 
 
-@pytest.fixture(scope="module")
-def fake_quant(eager):
-    return eager["fake-quant"]
+def _one_of_eager(name: str):
+    """A module fixture for one of ``eager``'s engines."""
+    @pytest.fixture(scope="module")
+    def fixture(eager):
+        return eager[name]
+
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def bf16(eager):
-    return eager["bf16"]
-
-
-@pytest.fixture(scope="module")
-def int4(eager):
-    return eager["int4"]
-
-
-@pytest.fixture(scope="module")
-def a8(eager):
-    """The cpu_int4 checkpoint read as cpu_int4_a8 (W4A8: x rounded to int8 per group)."""
-    return eager["int4-a8"]
+fake_quant = _one_of_eager("fake-quant")
+bf16 = _one_of_eager("bf16")
+int4 = _one_of_eager("int4")
+a8 = _one_of_eager("int4-a8")  # the int4 checkpoint read as W4A8 (x rounded to int8 a group)
 
 
 @pytest.fixture(scope="module")
