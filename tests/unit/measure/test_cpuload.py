@@ -140,10 +140,26 @@ def test_neighbour_load_from_faked_stat_and_tree_times():
 def test_neighbour_load_sees_a_real_spinning_neighbour_and_not_the_engine_itself():
     """On the real /proc: CPU time burnt by a child (in the engine's tree) is the engine's; the
     same burnt by a process outside the tree, on the same CPU, is a neighbour's. Each burns a
-    fixed CPU time, so other load on the machine only stretches the wait."""
+    fixed CPU time, so other load on the machine only stretches the wait. This process, the
+    "engine", is pinned to the CPU as an engine is to its slot: the slot's busy time less the
+    tree's CPU time is the neighbour's only while the tree runs on the slot (unpinned, this
+    process's own 0.15 s on the other CPU once took that much off the outsider's share)."""
+    cpu = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        mine, theirs = _burn_inside_then_outside_the_tree(cpu)
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert mine["engine_cpu_s"] >= 2.4  # the reaped child's 2.5 s are the engine's
+    assert theirs["engine_cpu_s"] < 1.0
+    assert theirs["slot_busy_cpu_s"] - theirs["engine_cpu_s"] >= 2.4  # the outsider's 2.5 s
+    assert theirs["neighbour_cpu_frac"] is not None and theirs["neighbour_cpu_frac"] > 0
+
+
+def _burn_inside_then_outside_the_tree(cpu: int) -> tuple[dict, dict]:
     import psutil
 
-    cpu = min(os.sched_getaffinity(0))
     pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731
     burn = [sys.executable, "-c", "import time\nwhile time.process_time() < 2.5: pass"]
     mine = NeighbourLoad(os.getpid(), [cpu])
@@ -165,8 +181,4 @@ def test_neighbour_load_sees_a_real_spinning_neighbour_and_not_the_engine_itself
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # it ends itself; this is in case it did not
-    theirs = theirs.stop()
-    assert mine["engine_cpu_s"] >= 2.4  # the reaped child's 2.5 s are the engine's
-    assert theirs["engine_cpu_s"] < 1.0
-    assert theirs["slot_busy_cpu_s"] - theirs["engine_cpu_s"] >= 2.4  # the outsider's 2.5 s
-    assert theirs["neighbour_cpu_frac"] is not None and theirs["neighbour_cpu_frac"] > 0
+    return mine, theirs.stop()
