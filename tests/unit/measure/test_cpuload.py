@@ -143,14 +143,17 @@ def test_neighbour_load_sees_a_real_spinning_neighbour_and_not_the_engine_itself
     fixed CPU time, so other load on the machine only stretches the wait. This process, the
     "engine", is pinned to the CPU as an engine is to its slot: the slot's busy time less the
     tree's CPU time is the neighbour's only while the tree runs on the slot (unpinned, this
-    process's own 0.15 s on the other CPU once took that much off the outsider's share)."""
-    cpu = min(os.sched_getaffinity(0))
+    process's own 0.15 s on the other CPU once took that much off the outsider's share). Every
+    thread of it, as the engine's are (``pin_all_threads``): pytest's process has thread pools."""
+    from omni_ray.measure.pinning import pin_all_threads
+
     saved = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
+    cpu = min(saved)
+    pin_all_threads({cpu})
     try:
         mine, theirs = _burn_inside_then_outside_the_tree(cpu)
     finally:
-        os.sched_setaffinity(0, saved)
+        pin_all_threads(saved)
     assert mine["engine_cpu_s"] >= 2.4  # the reaped child's 2.5 s are the engine's
     assert theirs["engine_cpu_s"] < 1.0
     assert theirs["slot_busy_cpu_s"] - theirs["engine_cpu_s"] >= 2.4  # the outsider's 2.5 s
