@@ -9,8 +9,11 @@ rows of x, times side by side in one process, interleaved repetition by repetiti
 - ``int4_dense``: cpu_int4's many-row branch as a model calls it (``cpu_int4_linear`` at
   threshold 0): the integer GEMM of the kernel set in use (``int4_gemm``);
 - ``int4_gemm``: that GEMM called directly (the op's dispatch and bias handling aside);
-- ``dequant_mm``: the op's branch from ``dequant_rows`` on (``int4_dequant_mm``: W^T dequantized
-  256 output rows at a time, each chunk multiplied by torch's bf16 matmul);
+- ``dequant_mm``: the op's branch from ``dequant_rows`` on in the sets without AMX bf16 tiles
+  (``int4_dequant_mm``: W^T dequantized 256 output rows at a time, each chunk multiplied by
+  torch's bf16 matmul);
+- ``tile_mm``: the amx set's branch from ``dequant_rows`` on (``int4_tile_mm``): the same product
+  on AMX bf16 tiles fed by the dequantization itself (no W^T in memory, no torch.mm);
 - ``dequant``: the dequantization of the whole weight to bf16 W^T (the kernel set in use);
 - ``mm_plain``: ``torch.mm(x, W^T)`` on that plain bf16 W^T: ``dequant + mm_plain`` was the
   branch before the integer GEMM;
@@ -60,6 +63,8 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
                    "int4_dense": lambda: op(x, packed, sz, GROUP_SIZE, 0),
                    "int4_gemm": lambda: kern.int4_gemm(x, packed, sz, GROUP_SIZE),
                    "dequant_mm": lambda: kern.int4_dequant_mm(x, packed, sz, GROUP_SIZE)}
+            if hasattr(kern, "int4_tile_mm"):  # the amx set's
+                fns["tile_mm"] = lambda x=x: kern.int4_tile_mm(x, packed, sz, GROUP_SIZE)
             for c in chunks:
                 fns[f"chunked_{c}"] = lambda c=c, x=x: _chunked(kern, x, packed, sz, n, c)
             ms: dict[str, list[float]] = {name: [] for name in fns}

@@ -10,9 +10,10 @@ values, no Python per call). Otherwise the Python function here is the kernel: d
 (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
 rounding). From ``dequant_rows`` rows on (0: never), W4A16 takes that last way with a native
-set too (``int4_dequant_mm``: chunks of W^T kept in cache, torch's bf16 matmul, which is oneDNN
-on AMX tiles where the CPU has them): faster than the integer GEMM for long prompts on such a
-CPU, with the rounding of vLLM's bf16 linear on the dequantized weights, not the GEMV's bits.
+set too (:func:`dequant_mm`: the amx set's ``int4_tile_mm`` dequantizes straight into AMX bf16
+tiles and multiplies there; the other sets' ``int4_dequant_mm`` keeps chunks of W^T in cache for
+torch's bf16 matmul): faster than the integer GEMM for long prompts on an AMX CPU, with the
+rounding of a bf16 linear on the dequantized weights (fp32 sums), not the GEMV's bits.
 ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group before the
 products, which the avx512 and avx2 sets take four at a time; the Python kernels round x the
 same way (to bf16 afterwards) and multiply as above. Being one opaque op, the branch on the row
@@ -68,7 +69,7 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if native.available():
         kernels = native.ops()
         if 0 < dequant_rows <= rows and activation_bits == 16:
-            y = kernels.int4_dequant_mm(x2, packed, scales_zeros, group_size)
+            y = dequant_mm(kernels)(x2, packed, scales_zeros, group_size)
         else:
             mul = kernels.int4_gemv if rows < row_threshold else kernels.int4_gemm
             y = mul(x2, packed, scales_zeros, group_size, activation_bits)
@@ -77,6 +78,12 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.reshape(*x.shape[:-1], n).to(x.dtype)
+
+
+def dequant_mm(kernels):
+    """The op's branch from ``dequant_rows`` on in a kernel set: the amx set's ``int4_tile_mm``
+    (the bf16 product on AMX tiles fed by the dequantization), the others' ``int4_dequant_mm``."""
+    return kernels.int4_tile_mm if hasattr(kernels, "int4_tile_mm") else kernels.int4_dequant_mm
 
 
 def _python_linear(x2: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor,

@@ -79,8 +79,8 @@ _AVX512_CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx5
 
 # In order of preference.
 KERNEL_SETS = (
-    KernelSet("amx", (*_AVX512_FLAGS, "amx_tile", "amx_int8"),
-              (*_AVX512_CFLAGS, "-mamx-tile", "-mamx-int8"), x86_only=True,
+    KernelSet("amx", (*_AVX512_FLAGS, "amx_tile", "amx_int8", "amx_bf16"),
+              (*_AVX512_CFLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16"), x86_only=True,
               includes=("int4_avx512.cpp",)),
     KernelSet("avx512", _AVX512_FLAGS, _AVX512_CFLAGS, x86_only=True),
     KernelSet("avx2", ("avx2", "fma"), ("-mavx2", "-mfma"), x86_only=True),

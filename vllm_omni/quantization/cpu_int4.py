@@ -79,18 +79,18 @@ DEFAULT_ROW_THRESHOLD = 32
 ROW_THRESHOLD_BY_SET = {"amx": 16}
 
 
-# Rows from which W4A16 dequantizes W^T chunk by chunk for torch's bf16 matmul instead of the
-# integer GEMM (int4_dequant_mm in csrc/int4_ops.h; 0: never). Not the same bits: the GEMV's and
-# the GEMM's integer arithmetic below it, vLLM bf16's rounding on the dequantized weights from it
-# on. amx: 512, from `python -m omni_ray.bench.int4_prefill --shape qwen2.5-3b-full-vocab --rows
-# 384,512 --reps 3` (2 threads, idle) on the Intel AMX Xeon (results/int4_prefill/
-# 20261207T153341Z.json): at 512 rows the bf16 matmul on AMX tiles took 0.67-0.92x the integer
-# GEMM's time on the four linears a prompt's rows go through (the head, which sees one row a
-# sequence, 1.03x), at 384 it gained nothing on two of those four (1.00x, 1.04x). Other sets: never,
-# until measured against this branch (on an AMD Zen 5 the avx512 set's GEMM took 1.03-1.12x the
-# time of the bf16 matmul alone at 512 rows, before any dequantizing: results/int4_prefill/
-# 20261206T025146Z.json).
-DEQUANT_ROWS_BY_SET = {"amx": 512}
+# Rows from which W4A16 takes the bf16 product on the dequantized weights instead of the integer
+# GEMM (vllm_omni/ops/int4_linear.py's dequant_mm; 0: never). Not the same bits: the GEMV's and
+# the GEMM's integer arithmetic below it, a bf16 linear's rounding on the dequantized weights
+# from it on. amx (int4_tile_mm, dequantizing straight into AMX bf16 tiles): 32, from `python -m
+# omni_ray.bench.int4_prefill --shape qwen2.5-3b --rows 16,32,64,128,256 --reps 5` (2 threads,
+# idle) on the Intel AMX Xeon (results/int4_prefill/20261207T2050Z-tile-mm/): at 32 rows a
+# forward's linears took 0.89x the GEMM's time (gate-up, down and the head 0.82-0.93x, qkv and o
+# 1.07-1.08x), at 64 rows and more 0.56-0.79x on all five, at 16 1.0-1.4x. (int4_dequant_mm,
+# torch.mm per chunk of W^T, needed 512 rows to win.) Other sets: never, until measured against
+# this branch (on an AMD Zen 5 the avx512 set's GEMM took 1.03-1.12x the time of the bf16 matmul
+# alone at 512 rows, before any dequantizing: results/int4_prefill/20261206T025146Z.json).
+DEQUANT_ROWS_BY_SET = {"amx": 32}
 
 
 def default_row_threshold() -> int:

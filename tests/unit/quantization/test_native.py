@@ -399,6 +399,36 @@ def test_dequant_mm_is_a_bf16_matmul_on_each_chunk_of_the_dequantized_weight(nam
     assert not torch.equal(y, ops.int4_gemm(x, packed, sz, 64))
 
 
+@pytest.mark.skipif("amx" not in SETS, reason="no AMX bf16 tiles on this CPU")
+@pytest.mark.parametrize("n,k,gs,rows", [
+    (592, 1280, 128, 77),  # 3 panels, the last one block and a 16-output tail; k-panels 512, 512, 256
+    (192, 512, 32, 33),  # the smallest group it takes, one panel of 3 blocks
+    (64, 256, 64, 1)])
+def test_tile_mm_is_the_product_of_the_dequantized_weights(n, k, gs, rows):
+    """The amx set's int4_tile_mm: fp32 sums of the dequantized bf16 weights times x, rounded
+    to bf16 once: within one bf16 rounding (and the tiles' fp32 order) of the exact product,
+    as int4_dequant_mm (torch.mm on the same weights) is."""
+    ops = native.ops("amx")
+    packed, sz, _ = _layer(gs, n=n, k=k)
+    x = _x(rows, 41, k=k)
+    wt = ops.int4_dequant_t(packed, sz, gs, 0, n).double()
+    exact = x.double() @ wt
+    y = ops.int4_tile_mm(x, packed, sz, gs)
+    err = (y.double() - exact).abs()
+    assert (err <= exact.abs() * 2 ** -8 + exact.abs().max() * 2 ** -20).all(), err.max()
+    mm = ops.int4_dequant_mm(x, packed, sz, gs)
+    assert (y.double() - mm.double()).abs().max() <= exact.abs().max() * 2 ** -7
+
+
+@pytest.mark.skipif("amx" not in SETS, reason="no AMX bf16 tiles on this CPU")
+def test_tile_mm_takes_dequant_mm_where_its_tiles_do_not_fit():
+    """A group of 16 k (not a multiple of a tile's 32): int4_dequant_mm's bits."""
+    ops = native.ops("amx")
+    packed, sz, _ = _layer(16, n=128, k=256)
+    x = _x(40, 5, k=256)
+    assert torch.equal(ops.int4_tile_mm(x, packed, sz, 16), ops.int4_dequant_mm(x, packed, sz, 16))
+
+
 @needs_native
 @pytest.mark.parametrize("rows,dequant_rows,bits,branch", [
     (40, 40, 16, "dequant_mm"), (41, 40, 16, "dequant_mm"), (39, 40, 16, "gemm"),
@@ -409,7 +439,7 @@ def test_the_op_dequantizes_from_dequant_rows_on_for_w4a16_only(rows, dequant_ro
     packed, sz, _ = _layer(64, n=208)
     x = _x(rows, 32)
     bias = _x(1, 33, 208)[0]
-    want = {"dequant_mm": lambda: ops.int4_dequant_mm(x, packed, sz, 64),
+    want = {"dequant_mm": lambda: int4_linear.dequant_mm(ops)(x, packed, sz, 64),
             "gemm": lambda: ops.int4_gemm(x, packed, sz, 64, bits),
             "gemv": lambda: ops.int4_gemv(x, packed, sz, 64, bits)}[branch]() + bias
     fast = op(x, packed, sz, 64, 16, bias, bits, dequant_rows)
@@ -514,8 +544,9 @@ X86_AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
 
 @pytest.mark.parametrize("flags,x86,want", [
-    (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8"}, True, "amx"),  # Sapphire Rapids
+    (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8", "amx_bf16"}, True, "amx"),  # Sapphire Rapids
     (X86_AVX2 | AVX512_FLAGS | {"amx_tile"}, True, "avx512"),  # tiles without their int8 products
+    (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8"}, True, "avx512"),  # nor bf16 ones
     (X86_AVX2 | AVX512_FLAGS, True, "avx512"),  # Zen 4, Zen 5
     (X86_AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, True, "avx2"),  # Skylake-SP
     (X86_AVX2, True, "avx2"),  # Zen 2/3, Haswell

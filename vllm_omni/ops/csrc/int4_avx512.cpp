@@ -593,6 +593,133 @@ void block_amx(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64
     for (int r = 0; r < rows; ++r) store64(s.y + r * kBlockN, out + (m0 + r) * ldo);
   }
 }
+
+// ---- W4A16's many-row branch on bf16 tiles (tdpbf16ps, AMX-BF16): the weights dequantized to
+// bf16 (dequant64's values: fma(q - 8, scale, zero) rounded to nearest even) straight into the
+// layout a tile of W^T is loaded from, and multiplied there with fp32 sums over all of K, as
+// vLLM's bf16 linear multiplies (oneDNN: also fp32 sums of bf16 products, in its own order). No
+// W^T in memory, no torch.mm per chunk (int4_dequant_mm).
+// A panel is kTbPanelN outputs (4 full blocks) by a k-panel of up to kTbPanelK: dequantized once
+// into the thread's buffer (256 KiB, L2), then every 32 rows of x (32 KiB of x: L1 while the
+// panel's 8 column pairs take it) times 32 outputs in 4 fp32 tiles (2 x 2: each tile load serves
+// two products), the sums kept in memory (fp32 [rows][256]) from one k-panel to the next.
+constexpr int64_t kTbPanelN = 4 * kBlockN;
+constexpr int64_t kTbPanelK = 512;
+constexpr int kTbRows = 32;  // rows of x a step: two A tiles
+
+// x [M][K] as tiles: for 32 rows mb and 32 k s, two 16 x 32 bf16 tiles (rows 0..15, 16..31) of
+// 1 KiB one after the other: xt + ((mb * K / 32 + s) * 2 + t) * 512. Rows past M are zeros.
+inline void tb_tiles_of_x(const at::BFloat16* x, int64_t m0, int64_t m1, int64_t M, int64_t K,
+                          at::BFloat16* xt) {
+  for (int64_t m = m0; m < m1; ++m) {
+    at::BFloat16* dst = xt + (m / kTbRows * K / 32 * 2 + m % kTbRows / 16) * 512 + m % 16 * 32;
+    if (m >= M) {
+      for (int64_t s = 0; s < K / 32; ++s) std::memset(dst + s * 1024, 0, 64);
+      continue;
+    }
+    for (int64_t s = 0; s < K / 32; ++s) std::memcpy(dst + s * 1024, x + m * K + s * 32, 64);
+  }
+}
+
+// Dwords n: bf16(a[n]) low, bf16(b[n]) high, each rounded to nearest even (fp32x16_to_bf16's).
+inline __m512i tb_bf16_pairs(__m512 a, __m512 b) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
+  __m512i ia = _mm512_castps_si512(a), ib = _mm512_castps_si512(b);
+  ia = _mm512_add_epi32(ia, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(ia, 16), one), bias));
+  ib = _mm512_add_epi32(ib, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(ib, 16), one), bias));
+  return _mm512_mask_mov_epi16(_mm512_srli_epi32(ia, 16), 0xAAAAAAAAu, ib);
+}
+
+// k0 .. k0 + kc - 1 of one full block (wb: its first byte; sz: its (scale, zero) of group 0)
+// dequantized as W^T tiles: for each 32 outputs h (2 a block) and 32 k s, two tiles of 16 k
+// pairs x 16 outputs (dword (r, n): k 2r, 2r + 1 of output n), 1 KiB each: bt + ((h * S + s) *
+// 2 + t) * 256 dwords, S = kc / 32; the block's first h at bt.
+inline void tb_dequant_block(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total,
+                             int64_t k0, int64_t kc, int64_t gs, uint32_t* bt) {
+  const __m512 lut = code_table();
+  const int64_t S = kc / 32;
+  __m512 scale[4], zero[4];
+  for (int64_t k = k0; k < k0 + kc; k += 2) {
+    if (k % gs == 0)
+      for (int j = 0; j < 4; ++j) load_scale_zero(sz + (k / gs * n_total + 16 * j) * 2, &scale[j], &zero[j]);
+    const uint8_t* p = wb + k * 32;
+    __m512 v[2][4];
+    for (int i = 0; i < 2; ++i, p += 32) {
+      const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+      v[i][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d0, lut), scale[0], zero[0]);
+      v[i][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d1, lut), scale[1], zero[1]);
+      v[i][2] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut), scale[2], zero[2]);
+      v[i][3] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut), scale[3], zero[3]);
+    }
+    const int64_t kk = k - k0, s = kk / 32, r = kk % 32 / 2;
+    for (int j = 0; j < 4; ++j)  // outputs 16 j .. 16 j + 15: h = j / 2, t = j % 2
+      _mm512_storeu_si512(bt + ((j / 2 * S + s) * 2 + j % 2) * 256 + r * 16,
+                         tb_bf16_pairs(v[0][j], v[1][j]));
+  }
+}
+
+inline void tb_configure() {
+  TileConfig cfg;  // every tile 16 rows of 64 bytes: C 16 x 16 fp32, A 16 x 32 bf16, B 16 x 16 pairs
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// 32 rows of x (a: their tiles of the k-panel, S steps) times 32 outputs (b: their W^T tiles),
+// added into c (fp32, rows ldc apart; first: start from zero).
+inline void tb_step(const at::BFloat16* a, const uint32_t* b, int64_t S, float* c, int64_t ldc,
+                    bool first) {
+  const int64_t ldb = ldc * 4;
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, ldb);
+    _tile_loadd(1, c + 16, ldb);
+    _tile_loadd(2, c + 16 * ldc, ldb);
+    _tile_loadd(3, c + 16 * ldc + 16, ldb);
+  }
+  for (int64_t s = 0; s < S; ++s, a += 1024, b += 512) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 512, 64);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 256, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, ldb);
+  _tile_stored(1, c + 16, ldb);
+  _tile_stored(2, c + 16 * ldc, ldb);
+  _tile_stored(3, c + 16 * ldc + 16, ldb);
+}
+
+// The full blocks [b0, b1) (at most 4: one panel) for all M rows (xt: x's tiles, Mp rows) into
+// out (row m at out + m * ldo, the panel's first output at out).
+inline void tb_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t b0,
+                     int64_t b1, int64_t K, int64_t gs, const at::BFloat16* xt, int64_t M,
+                     std::vector<uint32_t>& bt, std::vector<float>& c, at::BFloat16* out,
+                     int64_t ldo) {
+  const int64_t kcmax = std::max<int64_t>(gs, kTbPanelK / gs * gs), nb = b1 - b0;
+  const int64_t Mp = (M + kTbRows - 1) / kTbRows * kTbRows, ldc = nb * kBlockN;
+  bt.resize(kcmax * kTbPanelN / 2), c.resize(Mp * ldc);
+  for (int64_t k0 = 0; k0 < K; k0 += kcmax) {
+    const int64_t kc = std::min(kcmax, K - k0), S = kc / 32;
+    for (int64_t b = b0; b < b1; ++b)
+      tb_dequant_block(w + b * kBlockN * K / 2, sz + b * kBlockN * 2, n_total, k0, kc, gs,
+                       bt.data() + (b - b0) * 2 * S * 512);
+    for (int64_t m = 0; m < Mp; m += kTbRows)
+      for (int64_t h = 0; h < 2 * nb; ++h)
+        tb_step(xt + (m / kTbRows * K / 32 + k0 / 32) * 1024, bt.data() + h * S * 512, S,
+                c.data() + m * ldc + 32 * h, ldc, k0 == 0);
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) store64(c.data() + m * ldc + b * kBlockN, out + m * ldo + b * kBlockN);
+}
+#define OMNI_AMX_BF16_KERNELS 1
 #define OMNI_AMX_KERNELS 1
 #endif  // OMNI_AMX
 

@@ -356,6 +356,49 @@ at::Tensor int4_dequant_mm(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
+#ifdef OMNI_AMX_BF16_KERNELS
+// y = x @ W^T as int4_dequant_mm computes it (the same bf16 weights, fp32 sums of bf16 products,
+// rounded to bf16 once), on AMX bf16 tiles fed by the dequantization itself (int4_avx512.cpp's
+// tb_*): W^T never goes to memory and no matmul is called per chunk. The sums' order is not
+// oneDNN's, so not int4_dequant_mm's bits. Where Linux refuses AMX, K or the group is not a
+// multiple of 32: int4_dequant_mm. A last block of fewer than 64 outputs: dequantized, torch.mm.
+at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
+                        const at::Tensor& scales_zeros, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "int4_tile_mm: x must be bf16 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
+  check_pack(packed, scales_zeros, K, group_size);
+  if (!isa::amx_ready() || K % 32 || group_size % 32)
+    return int4_dequant_mm(x, packed, scales_zeros, group_size);
+  const at::Tensor xc = x.contiguous();
+  const int64_t Mp = (M + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
+  at::Tensor xt = at::empty({Mp * K}, x.options());
+  const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
+  at::BFloat16* xtp = xt.data_ptr<at::BFloat16>();
+  at::parallel_for(0, Mp, isa::kTbRows, [&](int64_t m0, int64_t m1) {
+    isa::tb_tiles_of_x(xp, m0, m1, M, K, xtp);
+  });
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const int64_t full = N / kBlockN, per = isa::kTbPanelN / kBlockN;
+  at::parallel_for(0, (full + per - 1) / per, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<uint32_t> bt;
+    std::vector<float> c;
+    isa::tb_configure();
+    for (int64_t p = p0; p < p1; ++p)
+      isa::tb_panel(w, sz, N, p * per, std::min(full, (p + 1) * per), K, group_size, xtp, M, bt,
+                    c, op + p * isa::kTbPanelN, N);
+    isa::amx_release();
+  });
+  if (N % kBlockN)
+    out.narrow(1, full * kBlockN, N % kBlockN)
+        .copy_(at::mm(xc, int4_dequant_t(packed, scales_zeros, group_size, full * kBlockN, N)));
+  return out;
+}
+#endif
+
 // ---- The kernels of the vllm_omni ops themselves -----------------------------------------
 //
 // vllm_omni::cpu_int4_linear and cpu_int4_embedding are defined (schema and fake) in Python,
@@ -375,8 +418,13 @@ at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t rows = x2.size(0);
   // The GEMV and the GEMM give the same bits (int4_base.h): row_threshold chooses only the
   // speed. dequant_rows (0: never; W4A16 only) rounds otherwise: int4_dequant_mm.
+#ifdef OMNI_AMX_BF16_KERNELS
+  constexpr auto dequant_mm = int4_tile_mm;
+#else
+  constexpr auto dequant_mm = int4_dequant_mm;
+#endif
   at::Tensor y = dequant_rows > 0 && rows >= dequant_rows && activation_bits == 16
-                     ? int4_dequant_mm(x2, packed, scales_zeros, group_size)
+                     ? dequant_mm(x2, packed, scales_zeros, group_size)
                  : rows < row_threshold
                      ? int4_gemv(x2, packed, scales_zeros, group_size, activation_bits)
                      : int4_gemm(x2, packed, scales_zeros, group_size, activation_bits);
@@ -469,6 +517,9 @@ OMNI_LIBRARY(OMNI_NS, m) {
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
   m.def("int4_dequant_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+#ifdef OMNI_AMX_BF16_KERNELS
+  m.def("int4_tile_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+#endif
   m.def("register_kernels() -> ()", &omni::register_kernels);
   m.def("set_weight_prefetch(str mode) -> str", &omni::set_weight_prefetch);
   m.def("set_gemv_streams(int n) -> int", &omni::set_gemv_streams);
@@ -481,5 +532,8 @@ OMNI_LIBRARY_IMPL(OMNI_NS, CPU, m) {
   m.impl("int4_gemm", &omni::int4_gemm);
   m.impl("int4_dequant_t", &omni::int4_dequant_t);
   m.impl("int4_dequant_mm", &omni::int4_dequant_mm);
+#ifdef OMNI_AMX_BF16_KERNELS
+  m.impl("int4_tile_mm", &omni::int4_tile_mm);
+#endif
   m.impl("greedy_argmax", &omni::greedy_argmax);
 }
