@@ -3,8 +3,9 @@
 Four sets read the one layout of :mod:`vllm_omni.ops.int4_pack` and give the same bits
 (``csrc/int4_base.h`` defines the arithmetic):
 
-- ``amx``: the avx512 set with its GEMM (prefill) on AMX tiles: the avx512 flags and AMX-TILE,
-  AMX-INT8 (Intel Sapphire Rapids and later);
+- ``amx``: the avx512 set with its GEMM (prefill) on AMX tiles, and W4A16's many-row bf16 product
+  (``dequant_rows``) on AMX bf16 tiles: the avx512 flags and AMX-TILE, AMX-INT8, AMX-BF16 (Intel
+  Sapphire Rapids and later);
 - ``avx512``: AVX-512 F/BW/VL/DQ with AVX512_VNNI and AVX512_VBMI (Intel Ice Lake and later,
   AMD Zen 4 and later);
 - ``avx2``: AVX2 and FMA (every other x86-64 CPU of the last decade, and AVX-512 CPUs without

@@ -28,7 +28,8 @@
 //   amx_ready(), amx_chunk(gs), amx_configure(kc), amx_release()   AMX's permission and tiles
 //   amx_tiles_of_x(x, M, K, kc, xt)                                  x's codes as 1 KiB tiles
 //   block_amx<A8>(...)            the GEMM of one full block for every row, on AMX tiles
-// and its int4_gemm takes those instead of the tiles above wherever Linux grants AMX.
+// and its int4_gemm takes those instead of the tiles above wherever Linux grants AMX; with
+// OMNI_AMX_BF16_KERNELS also the tb_* helpers of int4_tile_mm (AMX-BF16 tiles, below).
 //
 // OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size, activation_bits=16): y = x @ W^T for
 //   a few rows of x; activation_bits 8: W4A8 (int4_base.h).
@@ -38,7 +39,11 @@
 // OMNI_NS::int4_dequant_t(packed, scales_zeros, group_size, n_begin, n_end): bf16 W^T
 //   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
 // OMNI_NS::int4_dequant_mm(x, packed, scales_zeros, group_size): y = x @ W^T as a bf16 matmul
-//   on W^T dequantized chunk by chunk (what cpu_int4_linear runs from dequant_rows rows on).
+//   on W^T dequantized chunk by chunk (what cpu_int4_linear runs from dequant_rows rows on in
+//   the sets without AMX-BF16).
+// OMNI_NS::int4_tile_mm(x, packed, scales_zeros, group_size), the amx set only: the same product
+//   on AMX bf16 tiles, dequantized straight into them (cpu_int4_linear's branch from
+//   dequant_rows rows on in that set).
 // OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
 //   largest value as int64; an empty tensor if any row holds a NaN (the caller then takes vLLM's
 //   own path for that step). Used by the step_overhead patch's greedy sampler.
