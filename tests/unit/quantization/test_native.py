@@ -403,7 +403,8 @@ def test_dequant_mm_is_a_bf16_matmul_on_each_chunk_of_the_dequantized_weight(nam
 @pytest.mark.parametrize("n,k,gs,rows", [
     (592, 1280, 128, 77),  # 3 panels, the last one block and a 16-output tail; k-panels 512, 512, 256
     (192, 512, 32, 33),  # the smallest group it takes, one panel of 3 blocks
-    (64, 256, 64, 1)])
+    (64, 256, 64, 1),
+    (128, 256, 64, 2100)])  # two passes of rows: 1,056 and 1,044
 def test_tile_mm_is_the_product_of_the_dequantized_weights(n, k, gs, rows):
     """The amx set's int4_tile_mm: fp32 sums of the dequantized bf16 weights times x, rounded
     to bf16 once: within one bf16 rounding (and the tiles' fp32 order) of the exact product,

@@ -606,6 +606,7 @@ void block_amx(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64
 constexpr int64_t kTbPanelN = 4 * kBlockN;
 constexpr int64_t kTbPanelK = 512;
 constexpr int kTbRows = 32;  // rows of x a step: two A tiles
+constexpr int64_t kTbChunkRows = 2048;  // at most this many rows of x a pass (int4_tile_mm)
 
 // x [M][K] as tiles: for 32 rows mb and 32 k s, two 16 x 32 bf16 tiles (rows 0..15, 16..31) of
 // 1 KiB one after the other: xt + ((mb * K / 32 + s) * 2 + t) * 512. Rows past M are zeros.
@@ -705,7 +706,8 @@ inline void tb_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, 
                      int64_t ldo) {
   const int64_t kcmax = std::max<int64_t>(gs, kTbPanelK / gs * gs), nb = b1 - b0;
   const int64_t Mp = (M + kTbRows - 1) / kTbRows * kTbRows, ldc = nb * kBlockN;
-  bt.resize(kcmax * kTbPanelN / 2), c.resize(Mp * ldc);
+  if (static_cast<int64_t>(bt.size()) < kcmax * kTbPanelN / 2) bt.resize(kcmax * kTbPanelN / 2);
+  if (static_cast<int64_t>(c.size()) < Mp * ldc) c.resize(Mp * ldc);
   for (int64_t k0 = 0; k0 < K; k0 += kcmax) {
     const int64_t kc = std::min(kcmax, K - k0), S = kc / 32;
     for (int64_t b = b0; b < b1; ++b)
