@@ -384,8 +384,9 @@ at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
   const int64_t full = N / kBlockN, per = isa::kTbPanelN / kBlockN;
   // At most kTbChunkRows rows of x a pass (each pass dequantizes the weight again), so that x's
   // tiles and a thread's sums stay bounded however long the prompt: at 1,100 rows of the 3B
-  // shape, passes of 512 rows took 1.20-1.25x oneDNN's time, one pass 1.03-1.14x. A thread
-  // keeps its weight panel and sums from call to call (256 KiB and up to 2 MiB)
+  // shape, passes of 512 rows took 1.20-1.25x oneDNN's time, one pass 1.03-1.14x
+  // (results/int4_prefill/20261207T2200Z-row-passes/). A thread keeps its weight panel and sums
+  // from call to call (256 KiB and up to 2 MiB).
   const int64_t passes = std::max<int64_t>(1, (M + isa::kTbChunkRows - 1) / isa::kTbChunkRows);
   const int64_t chunk = ((M + passes - 1) / passes + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // passes of equal size, whole steps of 32 rows
@@ -431,7 +432,8 @@ at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
   x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
   // The GEMV and the GEMM give the same bits (int4_base.h): row_threshold chooses only the
-  // speed. dequant_rows (0: never; W4A16 only) rounds otherwise: int4_dequant_mm.
+  // speed. dequant_rows (0: never; W4A16 only) rounds otherwise: the bf16 product on the
+  // dequantized weights, int4_tile_mm in the amx set, int4_dequant_mm in the others.
 #ifdef OMNI_AMX_BF16_KERNELS
   constexpr auto dequant_mm = int4_tile_mm;
 #else
