@@ -44,11 +44,14 @@ constexpr int kStreamBlocks = 4;  // one row of x: up to 4 blocks at once (block
 
 // Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
 // the inputs are finite bf16 and finite codes).
-inline __m256i fp32x16_to_bf16(__m512 v) {
+// bf16_rounded: the fp32 bits with the bf16 in their high half (the low half is left over).
+inline __m512i bf16_rounded(__m512 v) {
   __m512i bits = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+  return _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+}
+inline __m256i fp32x16_to_bf16(__m512 v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_rounded(v), 16));
 }
 
 // 16 bf16 at p as fp32 (exact: bf16 is the top half of an fp32).
@@ -224,20 +227,29 @@ void block64_a8(int rows, const uint8_t* w, const at::BFloat16* sz, int64_t n_to
 
 // One group of W^T for a full block: gs rows of 64 contiguous bf16, `ld` apart. p: the group's
 // first byte; sz: the block's first (scale, zero) pair of the group.
+// One k of a full block (p: its 32 bytes) as fp32 weights, v[j] = rows 16 j .. 16 j + 15:
+// fma(q - 8, scale, zero) with the group's scale[j], zero[j] (load_scale_zero's).
+__attribute__((always_inline)) inline void dequant_k(const uint8_t* p, __m512 lut,
+                                                     const __m512 (&scale)[4],
+                                                     const __m512 (&zero)[4], __m512 (&v)[4]) {
+  const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i d1 =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  const __m512 q[4] = {_mm512_permutexvar_ps(d0, lut), _mm512_permutexvar_ps(d1, lut),
+                       _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut),
+                       _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut)};
+  for (int j = 0; j < 4; ++j) v[j] = _mm512_fmadd_ps(q[j], scale[j], zero[j]);
+}
+
 void dequant64(const uint8_t* p, const at::BFloat16* sz, int64_t gs, at::BFloat16* out,
                int64_t ld) {
   const __m512 lut = code_table();
-  __m512 scale[4], zero[4];
+  __m512 scale[4], zero[4], v[4];
   for (int j = 0; j < 4; ++j) load_scale_zero(sz + 32 * j, &scale[j], &zero[j]);
   for (int64_t k = 0; k < gs; ++k, p += 32, out += ld) {
-    __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-    const __m512 q[4] = {_mm512_permutexvar_ps(d0, lut), _mm512_permutexvar_ps(d1, lut),
-                         _mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut),
-                         _mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut)};
+    dequant_k(p, lut, scale, zero, v);
     for (int j = 0; j < 4; ++j)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * j),
-                          fp32x16_to_bf16(_mm512_fmadd_ps(q[j], scale[j], zero[j])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16 * j), fp32x16_to_bf16(v[j]));
   }
 }
 
@@ -624,11 +636,8 @@ inline void tb_tiles_of_x(const at::BFloat16* x, int64_t m0, int64_t m1, int64_t
 
 // Dwords n: bf16(a[n]) low, bf16(b[n]) high, each rounded to nearest even (fp32x16_to_bf16's).
 inline __m512i tb_bf16_pairs(__m512 a, __m512 b) {
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
-  __m512i ia = _mm512_castps_si512(a), ib = _mm512_castps_si512(b);
-  ia = _mm512_add_epi32(ia, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(ia, 16), one), bias));
-  ib = _mm512_add_epi32(ib, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(ib, 16), one), bias));
-  return _mm512_mask_mov_epi16(_mm512_srli_epi32(ia, 16), 0xAAAAAAAAu, ib);
+  return _mm512_mask_mov_epi16(_mm512_srli_epi32(bf16_rounded(a), 16), 0xAAAAAAAAu,
+                               bf16_rounded(b));
 }
 
 // k0 .. k0 + kc - 1 of one full block (wb: its first byte; sz: its (scale, zero) of group 0)
@@ -642,17 +651,11 @@ inline void tb_dequant_block(const uint8_t* wb, const at::BFloat16* sz, int64_t 
   __m512 scale[4], zero[4];
   for (int64_t k = k0; k < k0 + kc; k += 2) {
     if (k % gs == 0)
-      for (int j = 0; j < 4; ++j) load_scale_zero(sz + (k / gs * n_total + 16 * j) * 2, &scale[j], &zero[j]);
-    const uint8_t* p = wb + k * 32;
+      for (int j = 0; j < 4; ++j)
+        load_scale_zero(sz + (k / gs * n_total + 16 * j) * 2, &scale[j], &zero[j]);
     __m512 v[2][4];
-    for (int i = 0; i < 2; ++i, p += 32) {
-      const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-      v[i][0] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d0, lut), scale[0], zero[0]);
-      v[i][1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(d1, lut), scale[1], zero[1]);
-      v[i][2] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), lut), scale[2], zero[2]);
-      v[i][3] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), lut), scale[3], zero[3]);
-    }
+    dequant_k(wb + k * 32, lut, scale, zero, v[0]);
+    dequant_k(wb + k * 32 + 32, lut, scale, zero, v[1]);
     const int64_t kk = k - k0, s = kk / 32, r = kk % 32 / 2;
     for (int j = 0; j < 4; ++j)  // outputs 16 j .. 16 j + 15: h = j / 2, t = j % 2
       _mm512_storeu_si512(bt + ((j / 2 * S + s) * 2 + j % 2) * 256 + r * 16,
@@ -660,11 +663,9 @@ inline void tb_dequant_block(const uint8_t* wb, const at::BFloat16* sz, int64_t 
   }
 }
 
-inline void tb_configure() {
-  TileConfig cfg;  // every tile 16 rows of 64 bytes: C 16 x 16 fp32, A 16 x 32 bf16, B 16 x 16 pairs
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
-}
+// Every tile 16 rows of 64 bytes (C 16 x 16 fp32, A 16 x 32 bf16, B 16 k pairs x 16 outputs):
+// the int8 GEMM's configuration for chunks of 64.
+inline void tb_configure() { amx_configure(64); }
 
 // 32 rows of x (a: their tiles of the k-panel, S steps) times 32 outputs (b: their W^T tiles),
 // added into c (fp32, rows ldc apart; first: start from zero).
@@ -719,7 +720,8 @@ inline void tb_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, 
                 c.data() + m * ldc + 32 * h, ldc, k0 == 0);
   }
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) store64(c.data() + m * ldc + b * kBlockN, out + m * ldo + b * kBlockN);
+    for (int64_t b = 0; b < nb; ++b)
+      store64(c.data() + m * ldc + b * kBlockN, out + m * ldo + b * kBlockN);
 }
 #define OMNI_AMX_BF16_KERNELS 1
 #define OMNI_AMX_KERNELS 1

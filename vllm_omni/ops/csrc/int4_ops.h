@@ -388,7 +388,8 @@ at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
   // (results/int4_prefill/20261207T2200Z-row-passes/). A thread keeps its weight panel and sums
   // from call to call (256 KiB and up to 2 MiB).
   const int64_t passes = std::max<int64_t>(1, (M + isa::kTbChunkRows - 1) / isa::kTbChunkRows);
-  const int64_t chunk = ((M + passes - 1) / passes + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
+  const int64_t chunk =
+      ((M + passes - 1) / passes + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
   for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // passes of equal size, whole steps of 32 rows
     const int64_t rows = std::min(chunk, M - m0);
     const int64_t Mp = (rows + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
