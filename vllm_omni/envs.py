@@ -25,7 +25,8 @@ VLLM_OMNI_DISABLE_NATIVE_ATTENTION = "VLLM_OMNI_DISABLE_NATIVE_ATTENTION"
 # Keeps cpu_int4's packed weights in torch's own allocations instead of vllm_omni's huge-page
 # mappings (vllm_omni/ops/weight_arena.py).
 VLLM_OMNI_DISABLE_WEIGHT_ARENA = "VLLM_OMNI_DISABLE_WEIGHT_ARENA"
-# Which cpu_int4 kernel set to use: "amx", "avx512", "avx2" or "portable" (vllm_omni/ops/native.py);
+# Which cpu_int4 kernel set to use: "amx", "avx512bf16", "avx512", "avx2" or "portable"
+# (vllm_omni/ops/native.py);
 # unset, empty or "auto": the best set the CPU runs. A set the CPU cannot run is refused with a
 # warning. Lets an AVX-512 machine run and test the kernels an AVX2-only one gets.
 VLLM_OMNI_INT4_ISA = "VLLM_OMNI_INT4_ISA"

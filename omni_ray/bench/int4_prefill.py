@@ -12,8 +12,9 @@ rows of x, times side by side in one process, interleaved repetition by repetiti
 - ``dequant_mm``: the op's branch from ``dequant_rows`` on in the sets without AMX bf16 tiles
   (``int4_dequant_mm``: W^T dequantized 256 output rows at a time, each chunk multiplied by
   torch's bf16 matmul);
-- ``tile_mm``: the amx set's branch from ``dequant_rows`` on (``int4_tile_mm``): the same product
-  on AMX bf16 tiles fed by the dequantization itself (no W^T in memory, no torch.mm);
+- ``tile_mm``: the amx and avx512bf16 sets' branch from ``dequant_rows`` on (``int4_tile_mm``):
+  the same product on AMX bf16 tiles or AVX512_BF16 registers fed by the dequantization itself
+  (no W^T in memory, no torch.mm);
 - ``dequant``: the dequantization of the whole weight to bf16 W^T (the kernel set in use);
 - ``mm_plain``: ``torch.mm(x, W^T)`` on that plain bf16 W^T: ``dequant + mm_plain`` was the
   branch before the integer GEMM;
@@ -63,7 +64,7 @@ def measure(shapes: list[tuple[int, int]], rows: list[int], reps: int,
                    "int4_dense": lambda: op(x, packed, sz, GROUP_SIZE, 0),
                    "int4_gemm": lambda: kern.int4_gemm(x, packed, sz, GROUP_SIZE),
                    "dequant_mm": lambda: kern.int4_dequant_mm(x, packed, sz, GROUP_SIZE)}
-            if hasattr(kern, "int4_tile_mm"):  # the amx set's
+            if hasattr(kern, "int4_tile_mm"):  # the amx and avx512bf16 sets'
                 fns["tile_mm"] = lambda x=x: kern.int4_tile_mm(x, packed, sz, GROUP_SIZE)
             for c in chunks:
                 fns[f"chunked_{c}"] = lambda c=c, x=x: _chunked(kern, x, packed, sz, n, c)

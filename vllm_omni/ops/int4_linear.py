@@ -1,18 +1,20 @@
 """``torch.ops.vllm_omni.cpu_int4_linear``: the W4A16 linear, one custom op opaque to torch.compile.
 
-With one of vllm_omni's native kernel sets (:mod:`vllm_omni.ops.native`: amx, avx512, avx2 or
-portable), below ``row_threshold`` rows (decode) it runs the int4 GEMV on the packed weight, at or
-above it (prefill) the int4 GEMM, which takes the same integer dot products register-blocked over
-several rows of x: both give the same bits for a row, so the threshold is a matter of speed only.
+With one of vllm_omni's native kernel sets (:mod:`vllm_omni.ops.native`: amx, avx512bf16,
+avx512, avx2 or portable), below ``row_threshold`` rows (decode) it runs the int4 GEMV on the
+packed weight, at or above it (prefill) the int4 GEMM, which takes the same integer dot products
+register-blocked over several rows of x: both give the same bits for a row, so the threshold is a
+matter of speed only.
 The op's CPU kernel is then the set's C++ twin of :func:`cpu_int4_linear` (same branches, same
 values, no Python per call). Otherwise the Python function here is the kernel: decode runs torch's
 ``_weight_int4pack_mm_for_cpu`` where torch's build reads vllm_omni's layout
 (:func:`int4_pack.torch_reads_pack`, full 64-row blocks only); prefill, and decode elsewhere,
 dequantize the pack to bf16 W^T chunk by chunk for a bf16 matmul (slower, still correct, other
 rounding). From ``dequant_rows`` rows on (0: never), W4A16 takes that last way with a native
-set too (:func:`dequant_mm`: the amx set's ``int4_tile_mm`` dequantizes straight into AMX bf16
-tiles and multiplies there; the other sets' ``int4_dequant_mm`` keeps chunks of W^T in cache for
-torch's bf16 matmul): faster than the integer GEMM for long prompts on an AMX CPU, with the
+set too (:func:`dequant_mm`: the amx and avx512bf16 sets' ``int4_tile_mm`` dequantizes straight
+into the layout AMX bf16 tiles or AVX512_BF16 registers read and multiplies there; the other
+sets' ``int4_dequant_mm`` keeps chunks of W^T in cache for torch's bf16 matmul): faster than the
+integer GEMM for long prompts on a CPU with bf16 products, with the
 rounding of a bf16 linear on the dequantized weights (fp32 sums), not the GEMV's bits.
 ``activation_bits`` 8 is W4A8 (``csrc/int4_base.h``): x rounded to int8 per group before the
 products, which the avx512 and avx2 sets take four at a time; the Python kernels round x the
@@ -81,8 +83,9 @@ def cpu_int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.T
 
 
 def dequant_mm(kernels):
-    """The op's branch from ``dequant_rows`` on in a kernel set: the amx set's ``int4_tile_mm``
-    (the bf16 product on AMX tiles fed by the dequantization), the others' ``int4_dequant_mm``."""
+    """The op's branch from ``dequant_rows`` on in a kernel set: the amx and avx512bf16 sets'
+    ``int4_tile_mm`` (the bf16 product on AMX tiles or AVX512_BF16 registers fed by the
+    dequantization), the others' ``int4_dequant_mm``."""
     return kernels.int4_tile_mm if hasattr(kernels, "int4_tile_mm") else kernels.int4_dequant_mm
 
 
@@ -179,7 +182,8 @@ def register() -> None:
 
 
 def kernels() -> Optional[str]:
-    """Which CPU kernels the ops run here: a native set ("avx512", "avx2", "portable"), "python",
+    """Which CPU kernels the ops run here: a native set ("amx", "avx512bf16", "avx512", "avx2",
+    "portable"), "python",
     or None before registration."""
     return _KERNELS
 

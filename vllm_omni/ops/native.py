@@ -1,11 +1,14 @@
 """cpu_int4's native kernel sets (``csrc/int4_*.cpp``): chosen by the CPU, built once, loaded.
 
-Four sets read the one layout of :mod:`vllm_omni.ops.int4_pack` and give the same bits
+Five sets read the one layout of :mod:`vllm_omni.ops.int4_pack` and give the same bits
 (``csrc/int4_base.h`` defines the arithmetic):
 
 - ``amx``: the avx512 set with its GEMM (prefill) on AMX tiles, and W4A16's many-row bf16 product
   (``dequant_rows``) on AMX bf16 tiles: the avx512 flags and AMX-TILE, AMX-INT8, AMX-BF16 (Intel
   Sapphire Rapids and later);
+- ``avx512bf16``: the avx512 set with W4A16's many-row bf16 product (``dequant_rows``) on
+  AVX512_BF16 registers: the avx512 flags and AVX512_BF16 (AMD Zen 4 and later, Intel Cooper
+  Lake; Sapphire Rapids and later take the amx set);
 - ``avx512``: AVX-512 F/BW/VL/DQ with AVX512_VNNI and AVX512_VBMI (Intel Ice Lake and later,
   AMD Zen 4 and later);
 - ``avx2``: AVX2 and FMA (every other x86-64 CPU of the last decade, and AVX-512 CPUs without
@@ -83,6 +86,8 @@ KERNEL_SETS = (
     KernelSet("amx", (*_AVX512_FLAGS, "amx_tile", "amx_int8", "amx_bf16"),
               (*_AVX512_CFLAGS, "-mamx-tile", "-mamx-int8", "-mamx-bf16"), x86_only=True,
               includes=("int4_avx512.cpp",)),
+    KernelSet("avx512bf16", (*_AVX512_FLAGS, "avx512_bf16"), (*_AVX512_CFLAGS, "-mavx512bf16"),
+              x86_only=True, includes=("int4_avx512.cpp",)),
     KernelSet("avx512", _AVX512_FLAGS, _AVX512_CFLAGS, x86_only=True),
     KernelSet("avx2", ("avx2", "fma"), ("-mavx2", "-mfma"), x86_only=True),
     KernelSet("portable", (), (), x86_only=False),

@@ -87,10 +87,15 @@ ROW_THRESHOLD_BY_SET = {"amx": 16}
 # idle) on the Intel AMX Xeon (results/int4_prefill/20261207T2050Z-tile-mm/): at 32 rows a
 # forward's linears took 0.89x the GEMM's time (gate-up, down and the head 0.82-0.93x, qkv and o
 # 1.07-1.08x), at 64 rows and more 0.56-0.79x on all five, at 16 1.0-1.4x. (int4_dequant_mm,
-# torch.mm per chunk of W^T, needed 512 rows to win.) Other sets: never, until measured against
-# this branch (on an AMD Zen 5 the avx512 set's GEMM took 1.03-1.12x the time of the bf16 matmul
-# alone at 512 rows, before any dequantizing: results/int4_prefill/20261206T025146Z.json).
-DEQUANT_ROWS_BY_SET = {"amx": 32}
+# torch.mm per chunk of W^T, needed 512 rows to win.) avx512bf16 (int4_tile_mm on AVX512_BF16
+# registers): 32, from the same command on the AMD EPYC Zen 5 (family 26, 2 threads, idle;
+# results/int4_prefill/20261207T2315Z-avx512bf16/): at 32 rows a forward's linears took 0.95x
+# the GEMM's time (o and qkv 1.01-1.04x, the others 0.86-0.98x), from 64 rows on 0.82-0.99x
+# on all five, at 16 0.98x (qkv 1.33x).
+# Other sets: never (their int4_dequant_mm is a torch.mm per chunk; on an AMD Zen 5 the avx512
+# set's GEMM took 1.03-1.12x the time of the bf16 matmul alone at 512 rows, before any
+# dequantizing: results/int4_prefill/20261206T025146Z.json).
+DEQUANT_ROWS_BY_SET = {"amx": 32, "avx512bf16": 32}
 
 
 def default_row_threshold() -> int:

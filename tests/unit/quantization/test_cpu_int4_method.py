@@ -148,12 +148,14 @@ def test_config_round_trip_and_defaults():
 
 
 @pytest.mark.parametrize("kernel_set,want,dequant", [
-    ("amx", 16, cpu_int4.DEQUANT_ROWS_BY_SET["amx"]), ("avx512", 32, 0), ("avx2", 32, 0),
-    ("portable", 32, 0), ("python", 32, 0)])
+    ("amx", 16, cpu_int4.DEQUANT_ROWS_BY_SET["amx"]),
+    ("avx512bf16", 32, cpu_int4.DEQUANT_ROWS_BY_SET["avx512bf16"]), ("avx512", 32, 0),
+    ("avx2", 32, 0), ("portable", 32, 0), ("python", 32, 0)])
 def test_a_config_without_row_threshold_takes_the_kernel_sets(kernel_set, want, dequant,
                                                               monkeypatch):
     """The GEMM on AMX tiles overtakes the GEMV at 16 rows (results/int4_kernels/
-    20261207T113929Z.json), the other sets' at 32; only on AMX does the bf16 matmul on the
+    20261207T113929Z.json), the other sets' at 32; only where the dequantization feeds bf16
+    products itself (AMX-BF16 tiles, AVX512_BF16 registers) does the bf16 product on the
     dequantized weight overtake the GEMM; a config that names a value keeps it."""
     from vllm_omni.ops import native
 

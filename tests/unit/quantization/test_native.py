@@ -22,6 +22,7 @@ pytestmark = pytest.mark.native  # builds or loads vllm_omni's C++ kernel sets
 N, K = 192, 512  # 3 full 64-row blocks
 SETS = [ks.name for ks in native.runnable()]
 VECTOR_SETS = [s for s in SETS if s != "portable"]
+BF16_MM_SETS = [s for s in SETS if s in ("amx", "avx512bf16")]  # those with int4_tile_mm
 AVX512_FLAGS = set(native.BY_NAME["avx512"].cpu_flags)
 
 
@@ -399,17 +400,19 @@ def test_dequant_mm_is_a_bf16_matmul_on_each_chunk_of_the_dequantized_weight(nam
     assert not torch.equal(y, ops.int4_gemm(x, packed, sz, 64))
 
 
-@pytest.mark.skipif("amx" not in SETS, reason="no AMX bf16 tiles on this CPU")
+@pytest.mark.skipif(not BF16_MM_SETS, reason="neither AMX-BF16 nor AVX512_BF16 on this CPU")
+@pytest.mark.parametrize("name", BF16_MM_SETS)
 @pytest.mark.parametrize("n,k,gs,rows", [
     (592, 1280, 128, 77),  # 3 panels, the last one block and a 16-output tail; k-panels 512, 512, 256
     (192, 512, 32, 33),  # the smallest group it takes, one panel of 3 blocks
     (64, 256, 64, 1),
     (128, 256, 64, 2100)])  # two passes of rows: 1,056 and 1,044
-def test_tile_mm_is_the_product_of_the_dequantized_weights(n, k, gs, rows):
-    """The amx set's int4_tile_mm: fp32 sums of the dequantized bf16 weights times x, rounded
-    to bf16 once: within one bf16 rounding (and the tiles' fp32 order) of the exact product,
-    as int4_dequant_mm (torch.mm on the same weights) is."""
-    ops = native.ops("amx")
+def test_tile_mm_is_the_product_of_the_dequantized_weights(name, n, k, gs, rows):
+    """int4_tile_mm (AMX-BF16 tiles in the amx set, AVX512_BF16 registers in the avx512bf16
+    set): fp32 sums of the dequantized bf16 weights times x, rounded to bf16 once: within one
+    bf16 rounding (and the products' fp32 order) of the exact product, as int4_dequant_mm
+    (torch.mm on the same weights) is."""
+    ops = native.ops(name)
     packed, sz, _ = _layer(gs, n=n, k=k)
     x = _x(rows, 41, k=k)
     wt = ops.int4_dequant_t(packed, sz, gs, 0, n).double()
@@ -421,10 +424,11 @@ def test_tile_mm_is_the_product_of_the_dequantized_weights(n, k, gs, rows):
     assert (y.double() - mm.double()).abs().max() <= exact.abs().max() * 2 ** -7
 
 
-@pytest.mark.skipif("amx" not in SETS, reason="no AMX bf16 tiles on this CPU")
-def test_tile_mm_takes_dequant_mm_where_its_tiles_do_not_fit():
-    """A group of 16 k (not a multiple of a tile's 32): int4_dequant_mm's bits."""
-    ops = native.ops("amx")
+@pytest.mark.skipif(not BF16_MM_SETS, reason="neither AMX-BF16 nor AVX512_BF16 on this CPU")
+@pytest.mark.parametrize("name", BF16_MM_SETS)
+def test_tile_mm_takes_dequant_mm_where_its_tiles_do_not_fit(name):
+    """A group of 16 k (not a multiple of the products' 32): int4_dequant_mm's bits."""
+    ops = native.ops(name)
     packed, sz, _ = _layer(16, n=128, k=256)
     x = _x(40, 5, k=256)
     assert torch.equal(ops.int4_tile_mm(x, packed, sz, 16), ops.int4_dequant_mm(x, packed, sz, 16))
@@ -545,10 +549,13 @@ X86_AVX2 = {"sse4_2", "avx", "avx2", "fma", "f16c"}
 
 
 @pytest.mark.parametrize("flags,x86,want", [
-    (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8", "amx_bf16"}, True, "amx"),  # Sapphire Rapids
+    (X86_AVX2 | AVX512_FLAGS | {"avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}, True,
+     "amx"),  # Sapphire Rapids
     (X86_AVX2 | AVX512_FLAGS | {"amx_tile"}, True, "avx512"),  # tiles without their int8 products
     (X86_AVX2 | AVX512_FLAGS | {"amx_tile", "amx_int8"}, True, "avx512"),  # nor bf16 ones
-    (X86_AVX2 | AVX512_FLAGS, True, "avx512"),  # Zen 4, Zen 5
+    (X86_AVX2 | AVX512_FLAGS | {"avx512_bf16", "amx_tile", "amx_int8"}, True, "avx512bf16"),
+    (X86_AVX2 | AVX512_FLAGS | {"avx512_bf16"}, True, "avx512bf16"),  # Zen 4, Zen 5
+    (X86_AVX2 | AVX512_FLAGS, True, "avx512"),  # Ice Lake
     (X86_AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}, True, "avx2"),  # Skylake-SP
     (X86_AVX2, True, "avx2"),  # Zen 2/3, Haswell
     ({"sse4_2", "avx"}, True, "portable"),  # Sandy Bridge
@@ -573,7 +580,7 @@ def test_a_forced_set_the_cpu_cannot_run_is_refused_naming_the_flags(monkeypatch
     monkeypatch.setenv(envs.VLLM_OMNI_INT4_ISA, "neon")
     with caplog.at_level(logging.WARNING, logger=native.logger.name):
         assert native.select(X86_AVX2, True)[0].name == "avx2"
-    assert "'neon' is not a kernel set (amx, avx512, avx2, portable)" in caplog.text
+    assert "'neon' is not a kernel set (amx, avx512bf16, avx512, avx2, portable)" in caplog.text
     monkeypatch.setenv(envs.VLLM_OMNI_INT4_ISA, "auto")
     assert native.select(X86_AVX2 | AVX512_FLAGS, True)[0].name == "avx512"
 

@@ -36,6 +36,8 @@ namespace isa {
 
 #ifdef OMNI_AMX
 constexpr const char* kName = "amx";
+#elif defined(OMNI_AVX512BF16)
+constexpr const char* kName = "avx512bf16";
 #else
 constexpr const char* kName = "avx512";
 #endif
@@ -606,46 +608,65 @@ void block_amx(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64
   }
 }
 
-// ---- W4A16's many-row branch on bf16 tiles (tdpbf16ps, AMX-BF16): the weights dequantized to
-// bf16 (dequant64's values: fma(q - 8, scale, zero) rounded to nearest even) straight into the
-// layout a tile of W^T is loaded from, and multiplied there with fp32 sums over all of K, as
-// vLLM's bf16 linear multiplies (oneDNN: also fp32 sums of bf16 products, in its own order). No
-// W^T in memory, no torch.mm per chunk (int4_dequant_mm).
-// A panel is kTbPanelN outputs (4 full blocks) by a k-panel of up to kTbPanelK: dequantized once
-// into the thread's buffer (256 KiB, L2), then every 32 rows of x (32 KiB of x: L1 while the
-// panel's 8 column pairs take it) times 32 outputs in 4 fp32 tiles (2 x 2: each tile load serves
-// two products), the sums kept in memory (fp32 [rows][256]) from one k-panel to the next.
-constexpr int64_t kTbPanelN = 4 * kBlockN;
-constexpr int64_t kTbPanelK = 512;
-constexpr int kTbRows = 32;  // rows of x a step: two A tiles
-constexpr int64_t kTbChunkRows = 2048;  // at most this many rows of x a pass (int4_tile_mm)
+#define OMNI_AMX_KERNELS 1
+#endif  // OMNI_AMX
 
-// x [M][K] as tiles: for 32 rows mb and 32 k s, two 16 x 32 bf16 tiles (rows 0..15, 16..31) of
-// 1 KiB one after the other: xt + ((mb * K / 32 + s) * 2 + t) * 512. Rows past M are zeros.
-inline void tb_tiles_of_x(const at::BFloat16* x, int64_t m0, int64_t m1, int64_t M, int64_t K,
-                          at::BFloat16* xt) {
-  for (int64_t m = m0; m < m1; ++m) {
-    at::BFloat16* dst = xt + (m / kTbRows * K / 32 * 2 + m % kTbRows / 16) * 512 + m % 16 * 32;
-    if (m >= M) {
-      for (int64_t s = 0; s < K / 32; ++s) std::memset(dst + s * 1024, 0, 64);
-      continue;
-    }
-    for (int64_t s = 0; s < K / 32; ++s) std::memcpy(dst + s * 1024, x + m * K + s * 32, 64);
-  }
-}
+#if defined(OMNI_AMX) || defined(OMNI_AVX512BF16)
+// ---- W4A16's many-row branch on bf16 products (int4_tile_mm): the weights dequantized to bf16
+// (dequant64's values: fma(q - 8, scale, zero) rounded to nearest even) straight into the layout
+// the products read, and multiplied there with fp32 sums over all of K, as vLLM's bf16 linear
+// multiplies (oneDNN: also fp32 sums of bf16 products, in its own order). No W^T in memory, no
+// torch.mm per chunk (int4_dequant_mm). The amx set multiplies on AMX-BF16 tiles (tdpbf16ps),
+// the avx512bf16 set on AVX512_BF16 registers (vdpbf16ps): the same weights, the same layout.
+// A panel is kMmPanelN outputs (4 full blocks) by a k-panel of up to kMmPanelK: dequantized once
+// into the thread's buffer (256 KiB at 512 k, L2), then multiplied by every row of x, the sums
+// kept in memory (fp32 [rows][256]) from one k-panel to the next.
+constexpr int64_t kMmPanelN = 4 * kBlockN;
+#ifdef OMNI_AMX
+constexpr int64_t kMmPanelK = 512;
+#else
+// 256: each 64 outputs' k-panel of W^T is 32 KiB, L1 while every row of x passes it. On the AMD
+// Zen 5 (one thread, its CPU time, beside another job), a 3B forward's linears at 128 and 512
+// rows took 1.01-1.04x oneDNN's time, against 1.04-1.10x with k-panels of 128 or 512 and
+// 1.04-1.10x with steps of 12 rows by 32 outputs.
+constexpr int64_t kMmPanelK = 256;
+#endif
+constexpr int64_t kMmChunkRows = 2048;  // at most this many rows of x a pass (int4_tile_mm)
 
 // Dwords n: bf16(a[n]) low, bf16(b[n]) high, each rounded to nearest even (fp32x16_to_bf16's).
-inline __m512i tb_bf16_pairs(__m512 a, __m512 b) {
+#ifdef OMNI_AVX512BF16
+// vcvtne2ps2bf16 rounds alike but flushes a subnormal to zero, which vdpbf16ps would take as
+// zero anyway: the same products, in 2 instructions instead of 10 (words: a's 16, then b's 16,
+// interleaved by vpermw).
+struct PairWords {
+  alignas(64) uint16_t words[32];
+};
+constexpr PairWords pair_words() {
+  PairWords q{};
+  for (int n = 0; n < 16; ++n) {
+    q.words[2 * n] = static_cast<uint16_t>(n);
+    q.words[2 * n + 1] = static_cast<uint16_t>(16 + n);
+  }
+  return q;
+}
+constexpr PairWords kPairWords = pair_words();
+inline __m512i bf16_pairs(__m512 a, __m512 b) {
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kPairWords.words),
+                                  (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+#else
+inline __m512i bf16_pairs(__m512 a, __m512 b) {
   return _mm512_mask_mov_epi16(_mm512_srli_epi32(bf16_rounded(a), 16), 0xAAAAAAAAu,
                                bf16_rounded(b));
 }
+#endif
 
 // k0 .. k0 + kc - 1 of one full block (wb: its first byte; sz: its (scale, zero) of group 0)
-// dequantized as W^T tiles: for each 32 outputs h (2 a block) and 32 k s, two tiles of 16 k
-// pairs x 16 outputs (dword (r, n): k 2r, 2r + 1 of output n), 1 KiB each: bt + ((h * S + s) *
-// 2 + t) * 256 dwords, S = kc / 32; the block's first h at bt.
-inline void tb_dequant_block(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total,
-                             int64_t k0, int64_t kc, int64_t gs, uint32_t* bt) {
+// dequantized as W^T in k pairs: for each 32 outputs h (2 a block) and 32 k s, two 16 k pairs x
+// 16 outputs (dword (r, n): k 2r, 2r + 1 of output n; an AMX tile each), 1 KiB each:
+// bt + ((h * S + s) * 2 + t) * 256 dwords, S = kc / 32; the block's first h at bt.
+inline void dequant_pairs(const uint8_t* wb, const at::BFloat16* sz, int64_t n_total, int64_t k0,
+                          int64_t kc, int64_t gs, uint32_t* bt) {
   const __m512 lut = code_table();
   const int64_t S = kc / 32;
   __m512 scale[4], zero[4];
@@ -659,16 +680,65 @@ inline void tb_dequant_block(const uint8_t* wb, const at::BFloat16* sz, int64_t 
     const int64_t kk = k - k0, s = kk / 32, r = kk % 32 / 2;
     for (int j = 0; j < 4; ++j)  // outputs 16 j .. 16 j + 15: h = j / 2, t = j % 2
       _mm512_storeu_si512(bt + ((j / 2 * S + s) * 2 + j % 2) * 256 + r * 16,
-                         tb_bf16_pairs(v[0][j], v[1][j]));
+                         bf16_pairs(v[0][j], v[1][j]));
   }
 }
 
+// The packed bytes of a panel's next k-panel (kc k of each of its nb blocks), prefetched into
+// L2 a few lines at a time while this k-panel is multiplied, so that dequant_pairs finds them
+// there instead of waiting on memory (the avx512bf16 set; the amx set does not use it).
+struct Ahead {
+  const uint8_t* first = nullptr;  // the first block's k-panel; block i at first + i * stride
+  int64_t stride = 0, block_lines = 0, lines = 0, per_step = 0, done = 0;
+  Ahead() = default;
+  Ahead(const uint8_t* f, int64_t st, int64_t nb, int64_t kc, int64_t steps)
+      : first(f), stride(st), block_lines(kc * 32 / 64), lines(nb * kc * 32 / 64),
+        per_step((lines + steps - 1) / std::max<int64_t>(1, steps)) {}
+  void step() {
+    for (int64_t i = 0; i < per_step && done < lines; ++i, ++done)
+      _mm_prefetch(reinterpret_cast<const char*>(first + done / block_lines * stride +
+                                                 done % block_lines * 64),
+                   _MM_HINT_T1);
+  }
+};
+
+#ifdef OMNI_AMX
+constexpr int kMmRows = 32;  // rows of x a step: two A tiles
+
+// The amx set reads x as tiles: for 32 rows mb and 32 k s, two 16 x 32 bf16 tiles (rows 0..15,
+// 16..31) of 1 KiB one after the other: xt + ((mb * K / 32 + s) * 2 + t) * 512. Rows past M
+// are zeros.
+inline void tb_tiles_of_x(const at::BFloat16* x, int64_t m0, int64_t m1, int64_t M, int64_t K,
+                          at::BFloat16* xt) {
+  for (int64_t m = m0; m < m1; ++m) {
+    at::BFloat16* dst = xt + (m / kMmRows * K / 32 * 2 + m % kMmRows / 16) * 512 + m % 16 * 32;
+    if (m >= M) {
+      for (int64_t s = 0; s < K / 32; ++s) std::memset(dst + s * 1024, 0, 64);
+      continue;
+    }
+    for (int64_t s = 0; s < K / 32; ++s) std::memcpy(dst + s * 1024, x + m * K + s * 32, 64);
+  }
+}
+inline const at::BFloat16* mm_x(const at::BFloat16* x, int64_t M, int64_t K, at::Tensor& xt) {
+  const int64_t Mp = (M + kMmRows - 1) / kMmRows * kMmRows;
+  xt = at::empty({Mp * K}, at::kBFloat16);
+  at::BFloat16* xtp = xt.data_ptr<at::BFloat16>();
+  at::parallel_for(0, Mp, kMmRows, [&](int64_t r0, int64_t r1) {
+    tb_tiles_of_x(x, r0, r1, M, K, xtp);
+  });
+  return xtp;
+}
+
+// Where Linux refuses AMX: int4_dequant_mm.
+inline bool mm_ready() { return amx_ready(); }
 // Every tile 16 rows of 64 bytes (C 16 x 16 fp32, A 16 x 32 bf16, B 16 k pairs x 16 outputs):
 // the int8 GEMM's configuration for chunks of 64.
-inline void tb_configure() { amx_configure(64); }
+inline void mm_begin() { amx_configure(64); }
+inline void mm_end() { amx_release(); }
 
 // 32 rows of x (a: their tiles of the k-panel, S steps) times 32 outputs (b: their W^T tiles),
-// added into c (fp32, rows ldc apart; first: start from zero).
+// added into c (fp32, rows ldc apart; first: start from zero). Four fp32 tiles (2 x 2: each
+// tile load serves two products).
 inline void tb_step(const at::BFloat16* a, const uint32_t* b, int64_t S, float* c, int64_t ldc,
                     bool first) {
   const int64_t ldb = ldc * 4;
@@ -699,33 +769,112 @@ inline void tb_step(const at::BFloat16* a, const uint32_t* b, int64_t S, float* 
   _tile_stored(3, c + 16 * ldc + 16, ldb);
 }
 
-// The full blocks [b0, b1) (at most 4: one panel) for all M rows (xt: x's tiles, Mp rows) into
+// One k-panel (k0, S steps of 32; bt: its W^T of nb blocks) for all M rows (xt: x's tiles):
+// every 32 rows of x (32 KiB: L1 while the panel's 8 column pairs take it) times 32 outputs.
+inline void mm_k_panel(const at::BFloat16* xt, int64_t M, int64_t K, int64_t k0, int64_t S,
+                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc, Ahead&) {
+  for (int64_t m = 0; m < M; m += kMmRows)
+    for (int64_t h = 0; h < 2 * nb; ++h)
+      tb_step(xt + (m / kMmRows * K / 32 + k0 / 32) * 1024, bt + h * S * 512, S,
+              c + m * ldc + 32 * h, ldc, k0 == 0);
+}
+inline int64_t mm_steps(int64_t, int64_t) { return 1; }
+#else
+// The avx512bf16 set: vdpbf16ps adds, in each fp32 lane, the products of a dword's two bf16 of
+// x (one row's k, k + 1, broadcast) and of the weights (one output's k, k + 1): 32 multiply-adds
+// an instruction. A step is kRegRows rows of x by kRegVecs * 16 outputs in kRegRows * kRegVecs
+// fp32 accumulators over the k-panel; each load of weights serves every row of the step. x is
+// read as it is, rows K apart.
+constexpr int kMmRows = 1;  // any number of rows
+constexpr int kRegRows = 6, kRegVecs = 4;
+
+inline const at::BFloat16* mm_x(const at::BFloat16* x, int64_t, int64_t, at::Tensor&) { return x; }
+inline bool mm_ready() { return true; }
+inline void mm_begin() {}
+inline void mm_end() {}
+
+// R rows of x (x: row 0 at k0) times kRegVecs * 16 outputs whose W^T pairs start at b (vector j:
+// b + (j / 2) * S * 512 + (j % 2) * 256, dequant_pairs' layout), added into c.
+template <int R>
+inline void rb_step(const at::BFloat16* x, int64_t K, const uint32_t* b, int64_t S, float* c,
+                    int64_t ldc, bool first) {
+  constexpr int J = kRegVecs;
+  __m512 acc[R][J];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16 * j);
+  for (int64_t s = 0; s < S; ++s, b += 512, x += 32)
+    for (int r = 0; r < 16; ++r) {
+      __m512bh w[J];
+      for (int j = 0; j < J; ++j)
+        w[j] = (__m512bh)_mm512_loadu_si512(b + j / 2 * S * 512 + j % 2 * 256 + r * 16);
+      for (int i = 0; i < R; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, x + i * K + 2 * r, 4);
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+        for (int j = 0; j < J; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, w[j]);
+      }
+    }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) _mm512_storeu_ps(c + i * ldc + 16 * j, acc[i][j]);
+}
+
+// rb_step<rows> for 1 <= rows <= R.
+template <int R>
+inline void rb_rows(int rows, const at::BFloat16* x, int64_t K, const uint32_t* b, int64_t S,
+                    float* c, int64_t ldc, bool first) {
+  if constexpr (R > 1)
+    if (rows < R) return rb_rows<R - 1>(rows, x, K, b, S, c, ldc, first);
+  rb_step<R>(x, K, b, S, c, ldc, first);
+}
+
+// One k-panel (k0, S steps of 32; bt: its W^T of nb blocks) for all M rows of x (rows K apart):
+// each kRegVecs * 16 outputs (their k-panel of W^T: 32 KiB at kRegVecs 4, L1) times every
+// kRegRows rows.
+inline void mm_k_panel(const at::BFloat16* x, int64_t M, int64_t K, int64_t k0, int64_t S,
+                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc, Ahead& ahead) {
+  constexpr int64_t per_block = 4 / kRegVecs;
+  for (int64_t u = 0; u < nb * per_block; ++u) {
+    const uint32_t* bu = bt + (u / per_block * 2 + u % per_block * kRegVecs / 2) * S * 512;
+    for (int64_t m = 0; m < M; m += kRegRows) {
+      rb_rows<kRegRows>(static_cast<int>(std::min<int64_t>(kRegRows, M - m)), x + m * K + k0, K,
+                        bu, S, c + m * ldc + u * 16 * kRegVecs, ldc, k0 == 0);
+      ahead.step();
+    }
+  }
+}
+inline int64_t mm_steps(int64_t M, int64_t nb) {
+  return nb * (4 / kRegVecs) * ((M + kRegRows - 1) / kRegRows);
+}
+#endif
+
+// The full blocks [b0, b1) (at most 4: one panel) for all M rows (xm: x as mm_x laid it) into
 // out (row m at out + m * ldo, the panel's first output at out).
-inline void tb_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t b0,
-                     int64_t b1, int64_t K, int64_t gs, const at::BFloat16* xt, int64_t M,
+inline void mm_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, int64_t b0,
+                     int64_t b1, int64_t K, int64_t gs, const at::BFloat16* xm, int64_t M,
                      std::vector<uint32_t>& bt, std::vector<float>& c, at::BFloat16* out,
                      int64_t ldo) {
-  const int64_t kcmax = std::max<int64_t>(gs, kTbPanelK / gs * gs), nb = b1 - b0;
-  const int64_t Mp = (M + kTbRows - 1) / kTbRows * kTbRows, ldc = nb * kBlockN;
-  if (static_cast<int64_t>(bt.size()) < kcmax * kTbPanelN / 2) bt.resize(kcmax * kTbPanelN / 2);
+  const int64_t kcmax = std::max<int64_t>(gs, kMmPanelK / gs * gs), nb = b1 - b0;
+  const int64_t Mp = (M + kMmRows - 1) / kMmRows * kMmRows, ldc = nb * kBlockN;
+  if (static_cast<int64_t>(bt.size()) < kcmax * kMmPanelN / 2) bt.resize(kcmax * kMmPanelN / 2);
   if (static_cast<int64_t>(c.size()) < Mp * ldc) c.resize(Mp * ldc);
   for (int64_t k0 = 0; k0 < K; k0 += kcmax) {
     const int64_t kc = std::min(kcmax, K - k0), S = kc / 32;
     for (int64_t b = b0; b < b1; ++b)
-      tb_dequant_block(w + b * kBlockN * K / 2, sz + b * kBlockN * 2, n_total, k0, kc, gs,
-                       bt.data() + (b - b0) * 2 * S * 512);
-    for (int64_t m = 0; m < Mp; m += kTbRows)
-      for (int64_t h = 0; h < 2 * nb; ++h)
-        tb_step(xt + (m / kTbRows * K / 32 + k0 / 32) * 1024, bt.data() + h * S * 512, S,
-                c.data() + m * ldc + 32 * h, ldc, k0 == 0);
+      dequant_pairs(w + b * kBlockN * K / 2, sz + b * kBlockN * 2, n_total, k0, kc, gs,
+                    bt.data() + (b - b0) * 2 * S * 512);
+    Ahead ahead;
+    if (k0 + kc < K)
+      ahead = Ahead(w + b0 * kBlockN * K / 2 + (k0 + kc) * 32, kBlockN * K / 2, nb,
+                    std::min(kcmax, K - k0 - kc), mm_steps(M, nb));
+    mm_k_panel(xm, M, K, k0, S, bt.data(), nb, c.data(), ldc, ahead);
   }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b)
       store64(c.data() + m * ldc + b * kBlockN, out + m * ldo + b * kBlockN);
 }
-#define OMNI_AMX_BF16_KERNELS 1
-#define OMNI_AMX_KERNELS 1
-#endif  // OMNI_AMX
+#define OMNI_BF16_MM_KERNELS 1
+#endif  // OMNI_AMX || OMNI_AVX512BF16
 
 
 inline void tile(int rows, const GemmGroup& gg, const GemmRows& x, float* o) {

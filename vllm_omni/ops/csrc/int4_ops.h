@@ -28,8 +28,13 @@
 //   amx_ready(), amx_chunk(gs), amx_configure(kc), amx_release()   AMX's permission and tiles
 //   amx_tiles_of_x(x, M, K, kc, xt)                                  x's codes as 1 KiB tiles
 //   block_amx<A8>(...)            the GEMM of one full block for every row, on AMX tiles
-// and its int4_gemm takes those instead of the tiles above wherever Linux grants AMX; with
-// OMNI_AMX_BF16_KERNELS also the tb_* helpers of int4_tile_mm (AMX-BF16 tiles, below).
+// and its int4_gemm takes those instead of the tiles above wherever Linux grants AMX.
+// The amx and avx512bf16 sets define OMNI_BF16_MM_KERNELS and the mm_* helpers of int4_tile_mm
+//   kMmPanelN, kMmPanelK, kMmChunkRows, kMmRows   its panel, k-panel, rows a pass, row step
+//   mm_ready(), mm_begin(), mm_end()   whether it can run here; a thread's set-up and release
+//   mm_x(x, M, K, xt)                  x as mm_panel reads it (xt: storage it may fill)
+//   mm_panel(...)                      up to 4 full blocks for every row of x
+// (AMX-BF16 tiles in the amx set, AVX512_BF16 registers in the avx512bf16 set).
 //
 // OMNI_NS::int4_gemv(x, packed, scales_zeros, group_size, activation_bits=16): y = x @ W^T for
 //   a few rows of x; activation_bits 8: W4A8 (int4_base.h).
@@ -41,9 +46,9 @@
 // OMNI_NS::int4_dequant_mm(x, packed, scales_zeros, group_size): y = x @ W^T as a bf16 matmul
 //   on W^T dequantized chunk by chunk (what cpu_int4_linear runs from dequant_rows rows on in
 //   the sets without AMX-BF16).
-// OMNI_NS::int4_tile_mm(x, packed, scales_zeros, group_size), the amx set only: the same product
-//   on AMX bf16 tiles, dequantized straight into them (cpu_int4_linear's branch from
-//   dequant_rows rows on in that set).
+// OMNI_NS::int4_tile_mm(x, packed, scales_zeros, group_size), the amx and avx512bf16 sets only:
+//   the same product on AMX bf16 tiles or AVX512_BF16 registers, dequantized straight into the
+//   layout they read (cpu_int4_linear's branch from dequant_rows rows on in those sets).
 // OMNI_NS::greedy_argmax(logits): per row of a 2-D bf16 or fp32 tensor the index of the first
 //   largest value as int64; an empty tensor if any row holds a NaN (the caller then takes vLLM's
 //   own path for that step). Used by the step_overhead patch's greedy sampler.
@@ -361,19 +366,20 @@ at::Tensor int4_dequant_mm(const at::Tensor& x, const at::Tensor& packed,
   return y;
 }
 
-#ifdef OMNI_AMX_BF16_KERNELS
+#ifdef OMNI_BF16_MM_KERNELS
 // y = x @ W^T as int4_dequant_mm computes it (the same bf16 weights, fp32 sums of bf16 products,
-// rounded to bf16 once), on AMX bf16 tiles fed by the dequantization itself (int4_avx512.cpp's
-// tb_*): W^T never goes to memory and no matmul is called per chunk. The sums' order is not
-// oneDNN's, so not int4_dequant_mm's bits. Where Linux refuses AMX, K or the group is not a
-// multiple of 32: int4_dequant_mm. A last block of fewer than 64 outputs: dequantized, torch.mm.
+// rounded to bf16 once), on bf16 products fed by the dequantization itself (int4_avx512.cpp's
+// mm_*: AMX-BF16 tiles in the amx set, AVX512_BF16 registers in the avx512bf16 set): W^T never
+// goes to memory and no matmul is called per chunk. The sums' order is not oneDNN's, so not
+// int4_dequant_mm's bits. Where Linux refuses AMX, K or the group is not a multiple of 32:
+// int4_dequant_mm. A last block of fewer than 64 outputs: dequantized, torch.mm.
 at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
                         const at::Tensor& scales_zeros, int64_t group_size) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "int4_tile_mm: x must be bf16 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = scales_zeros.size(1);
   check_pack(packed, scales_zeros, K, group_size);
-  if (!isa::amx_ready() || K % 32 || group_size % 32)
+  if (!isa::mm_ready() || K % 32 || group_size % 32)
     return int4_dequant_mm(x, packed, scales_zeros, group_size);
   const at::Tensor xc = x.contiguous();
   const at::BFloat16* xp = xc.data_ptr<at::BFloat16>();
@@ -381,31 +387,27 @@ at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const at::BFloat16* sz = scales_zeros.data_ptr<at::BFloat16>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  const int64_t full = N / kBlockN, per = isa::kTbPanelN / kBlockN;
-  // At most kTbChunkRows rows of x a pass (each pass dequantizes the weight again), so that x's
+  const int64_t full = N / kBlockN, per = isa::kMmPanelN / kBlockN;
+  // At most kMmChunkRows rows of x a pass (each pass dequantizes the weight again), so that x's
   // tiles and a thread's sums stay bounded however long the prompt: at 1,100 rows of the 3B
-  // shape, passes of 512 rows took 1.20-1.25x oneDNN's time, one pass 1.03-1.14x
+  // shape on the amx set, passes of 512 rows took 1.20-1.25x oneDNN's time, one pass 1.03-1.14x
   // (results/int4_prefill/20261207T2200Z-row-passes/). A thread keeps its weight panel and sums
   // from call to call (256 KiB and up to 2 MiB).
-  const int64_t passes = std::max<int64_t>(1, (M + isa::kTbChunkRows - 1) / isa::kTbChunkRows);
+  const int64_t passes = std::max<int64_t>(1, (M + isa::kMmChunkRows - 1) / isa::kMmChunkRows);
   const int64_t chunk =
-      ((M + passes - 1) / passes + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
-  for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // passes of equal size, whole steps of 32 rows
+      ((M + passes - 1) / passes + isa::kMmRows - 1) / isa::kMmRows * isa::kMmRows;
+  for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // passes of equal size, whole steps of rows
     const int64_t rows = std::min(chunk, M - m0);
-    const int64_t Mp = (rows + isa::kTbRows - 1) / isa::kTbRows * isa::kTbRows;
-    at::Tensor xt = at::empty({Mp * K}, x.options());
-    at::BFloat16* xtp = xt.data_ptr<at::BFloat16>();
-    at::parallel_for(0, Mp, isa::kTbRows, [&](int64_t r0, int64_t r1) {
-      isa::tb_tiles_of_x(xp + m0 * K, r0, r1, rows, K, xtp);
-    });
+    at::Tensor xt;
+    const at::BFloat16* xm = isa::mm_x(xp + m0 * K, rows, K, xt);
     at::parallel_for(0, (full + per - 1) / per, 1, [&](int64_t p0, int64_t p1) {
       static thread_local std::vector<uint32_t> bt;
       static thread_local std::vector<float> c;
-      isa::tb_configure();
+      isa::mm_begin();
       for (int64_t p = p0; p < p1; ++p)
-        isa::tb_panel(w, sz, N, p * per, std::min(full, (p + 1) * per), K, group_size, xtp,
-                      rows, bt, c, op + m0 * N + p * isa::kTbPanelN, N);
-      isa::amx_release();
+        isa::mm_panel(w, sz, N, p * per, std::min(full, (p + 1) * per), K, group_size, xm, rows,
+                      bt, c, op + m0 * N + p * isa::kMmPanelN, N);
+      isa::mm_end();
     });
   }
   if (N % kBlockN)
@@ -434,8 +436,9 @@ at::Tensor cpu_int4_linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t rows = x2.size(0);
   // The GEMV and the GEMM give the same bits (int4_base.h): row_threshold chooses only the
   // speed. dequant_rows (0: never; W4A16 only) rounds otherwise: the bf16 product on the
-  // dequantized weights, int4_tile_mm in the amx set, int4_dequant_mm in the others.
-#ifdef OMNI_AMX_BF16_KERNELS
+  // dequantized weights, int4_tile_mm in the amx and avx512bf16 sets, int4_dequant_mm in the
+  // others.
+#ifdef OMNI_BF16_MM_KERNELS
   constexpr auto dequant_mm = int4_tile_mm;
 #else
   constexpr auto dequant_mm = int4_dequant_mm;
@@ -534,7 +537,7 @@ OMNI_LIBRARY(OMNI_NS, m) {
       "int4_dequant_t(Tensor packed, Tensor scales_zeros, int group_size, int n_begin, "
       "int n_end) -> Tensor");
   m.def("int4_dequant_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
-#ifdef OMNI_AMX_BF16_KERNELS
+#ifdef OMNI_BF16_MM_KERNELS
   m.def("int4_tile_mm(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
 #endif
   m.def("register_kernels() -> ()", &omni::register_kernels);
@@ -549,7 +552,7 @@ OMNI_LIBRARY_IMPL(OMNI_NS, CPU, m) {
   m.impl("int4_gemm", &omni::int4_gemm);
   m.impl("int4_dequant_t", &omni::int4_dequant_t);
   m.impl("int4_dequant_mm", &omni::int4_dequant_mm);
-#ifdef OMNI_AMX_BF16_KERNELS
+#ifdef OMNI_BF16_MM_KERNELS
   m.impl("int4_tile_mm", &omni::int4_tile_mm);
 #endif
   m.impl("greedy_argmax", &omni::greedy_argmax);
