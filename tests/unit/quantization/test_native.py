@@ -403,10 +403,11 @@ def test_dequant_mm_is_a_bf16_matmul_on_each_chunk_of_the_dequantized_weight(nam
 @pytest.mark.skipif(not BF16_MM_SETS, reason="neither AMX-BF16 nor AVX512_BF16 on this CPU")
 @pytest.mark.parametrize("name", BF16_MM_SETS)
 @pytest.mark.parametrize("n,k,gs,rows", [
-    (592, 1280, 128, 77),  # 3 panels, the last one block and a 16-output tail; k-panels 512, 512, 256
+    # 3 panels, the last one block and a 16-output tail; k-panels 512, 512, 256 (amx), 5 x 256
+    (592, 1280, 128, 77),
     (192, 512, 32, 33),  # the smallest group it takes, one panel of 3 blocks
     (64, 256, 64, 1),
-    (128, 256, 64, 2100)])  # two passes of rows: 1,056 and 1,044
+    (128, 256, 64, 2100)])  # two passes of rows: 1,056 and 1,044 (amx), 1,050 each
 def test_tile_mm_is_the_product_of_the_dequantized_weights(name, n, k, gs, rows):
     """int4_tile_mm (AMX-BF16 tiles in the amx set, AVX512_BF16 registers in the avx512bf16
     set): fp32 sums of the dequantized bf16 weights times x, rounded to bf16 once: within one
