@@ -45,7 +45,7 @@
 //   [K, n_end - n_begin] of those output rows (n_begin a multiple of 64, n_end too or N).
 // OMNI_NS::int4_dequant_mm(x, packed, scales_zeros, group_size): y = x @ W^T as a bf16 matmul
 //   on W^T dequantized chunk by chunk (what cpu_int4_linear runs from dequant_rows rows on in
-//   the sets without AMX-BF16).
+//   the sets without int4_tile_mm).
 // OMNI_NS::int4_tile_mm(x, packed, scales_zeros, group_size), the amx and avx512bf16 sets only:
 //   the same product on AMX bf16 tiles or AVX512_BF16 registers, dequantized straight into the
 //   layout they read (cpu_int4_linear's branch from dequant_rows rows on in those sets).
@@ -392,7 +392,7 @@ at::Tensor int4_tile_mm(const at::Tensor& x, const at::Tensor& packed,
   // tiles and a thread's sums stay bounded however long the prompt: at 1,100 rows of the 3B
   // shape on the amx set, passes of 512 rows took 1.20-1.25x oneDNN's time, one pass 1.03-1.14x
   // (results/int4_prefill/20261207T2200Z-row-passes/). A thread keeps its weight panel and sums
-  // from call to call (256 KiB and up to 2 MiB).
+  // from call to call (256 KiB on amx, 128 KiB on avx512bf16, and up to 2 MiB).
   const int64_t passes = std::max<int64_t>(1, (M + isa::kMmChunkRows - 1) / isa::kMmChunkRows);
   const int64_t chunk =
       ((M + passes - 1) / passes + isa::kMmRows - 1) / isa::kMmRows * isa::kMmRows;
