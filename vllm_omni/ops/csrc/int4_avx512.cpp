@@ -684,22 +684,11 @@ inline void dequant_pairs(const uint8_t* wb, const at::BFloat16* sz, int64_t n_t
   }
 }
 
-// The packed bytes of a panel's next k-panel (kc k of each of its nb blocks), prefetched into
-// L2 a few lines at a time while this k-panel is multiplied, so that dequant_pairs finds them
-// there instead of waiting on memory (the avx512bf16 set; the amx set does not use it).
-struct Ahead {
-  const uint8_t* first = nullptr;  // the first block's k-panel; block i at first + i * stride
-  int64_t stride = 0, block_lines = 0, lines = 0, per_step = 0, done = 0;
-  Ahead() = default;
-  Ahead(const uint8_t* f, int64_t st, int64_t nb, int64_t kc, int64_t steps)
-      : first(f), stride(st), block_lines(kc * 32 / 64), lines(nb * kc * 32 / 64),
-        per_step((lines + steps - 1) / std::max<int64_t>(1, steps)) {}
-  void step() {
-    for (int64_t i = 0; i < per_step && done < lines; ++i, ++done)
-      _mm_prefetch(reinterpret_cast<const char*>(first + done / block_lines * stride +
-                                                 done % block_lines * 64),
-                   _MM_HINT_T1);
-  }
+// Where the next k-panel's packed bytes are (kc k of each of nb blocks, block i's at
+// first + i * stride; kc 0: this is the last k-panel), for a set that prefetches them.
+struct NextKPanel {
+  const uint8_t* first;
+  int64_t stride, nb, kc;
 };
 
 #ifdef OMNI_AMX
@@ -771,14 +760,14 @@ inline void tb_step(const at::BFloat16* a, const uint32_t* b, int64_t S, float* 
 
 // One k-panel (k0, S steps of 32; bt: its W^T of nb blocks) for all M rows (xt: x's tiles):
 // every 32 rows of x (32 KiB: L1 while the panel's 8 column pairs take it) times 32 outputs.
+// The next k-panel is not prefetched here.
 inline void mm_k_panel(const at::BFloat16* xt, int64_t M, int64_t K, int64_t k0, int64_t S,
-                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc, Ahead&) {
+                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc, const NextKPanel&) {
   for (int64_t m = 0; m < M; m += kMmRows)
     for (int64_t h = 0; h < 2 * nb; ++h)
       tb_step(xt + (m / kMmRows * K / 32 + k0 / 32) * 1024, bt + h * S * 512, S,
               c + m * ldc + 32 * h, ldc, k0 == 0);
 }
-inline int64_t mm_steps(int64_t, int64_t) { return 1; }
 #else
 // The avx512bf16 set: vdpbf16ps adds, in each fp32 lane, the products of a dword's two bf16 of
 // x (one row's k, k + 1, broadcast) and of the weights (one output's k, k + 1): 32 multiply-adds
@@ -819,6 +808,23 @@ inline void rb_step(const at::BFloat16* x, int64_t K, const uint32_t* b, int64_t
     for (int j = 0; j < J; ++j) _mm512_storeu_ps(c + i * ldc + 16 * j, acc[i][j]);
 }
 
+// The next k-panel's packed bytes, prefetched into L2 a few lines a step while this k-panel is
+// multiplied (steps: how many), so that dequant_pairs finds them there instead of waiting on
+// memory.
+struct Ahead {
+  NextKPanel next;
+  int64_t block_lines, lines, per_step, done = 0;
+  Ahead(const NextKPanel& p, int64_t steps)
+      : next(p), block_lines(p.kc * 32 / 64), lines(p.nb * block_lines),
+        per_step((lines + steps - 1) / std::max<int64_t>(1, steps)) {}
+  void step() {
+    for (int64_t i = 0; i < per_step && done < lines; ++i, ++done)
+      _mm_prefetch(reinterpret_cast<const char*>(next.first + done / block_lines * next.stride +
+                                                 done % block_lines * 64),
+                   _MM_HINT_T1);
+  }
+};
+
 // rb_step<rows> for 1 <= rows <= R.
 template <int R>
 inline void rb_rows(int rows, const at::BFloat16* x, int64_t K, const uint32_t* b, int64_t S,
@@ -832,8 +838,10 @@ inline void rb_rows(int rows, const at::BFloat16* x, int64_t K, const uint32_t* 
 // each kRegVecs * 16 outputs (their k-panel of W^T: 32 KiB at kRegVecs 4, L1) times every
 // kRegRows rows.
 inline void mm_k_panel(const at::BFloat16* x, int64_t M, int64_t K, int64_t k0, int64_t S,
-                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc, Ahead& ahead) {
+                       const uint32_t* bt, int64_t nb, float* c, int64_t ldc,
+                       const NextKPanel& next) {
   constexpr int64_t per_block = 4 / kRegVecs;
+  Ahead ahead(next, nb * per_block * ((M + kRegRows - 1) / kRegRows));
   for (int64_t u = 0; u < nb * per_block; ++u) {
     const uint32_t* bu = bt + (u / per_block * 2 + u % per_block * kRegVecs / 2) * S * 512;
     for (int64_t m = 0; m < M; m += kRegRows) {
@@ -842,9 +850,6 @@ inline void mm_k_panel(const at::BFloat16* x, int64_t M, int64_t K, int64_t k0, 
       ahead.step();
     }
   }
-}
-inline int64_t mm_steps(int64_t M, int64_t nb) {
-  return nb * (4 / kRegVecs) * ((M + kRegRows - 1) / kRegRows);
 }
 #endif
 
@@ -863,11 +868,9 @@ inline void mm_panel(const uint8_t* w, const at::BFloat16* sz, int64_t n_total, 
     for (int64_t b = b0; b < b1; ++b)
       dequant_pairs(w + b * kBlockN * K / 2, sz + b * kBlockN * 2, n_total, k0, kc, gs,
                     bt.data() + (b - b0) * 2 * S * 512);
-    Ahead ahead;
-    if (k0 + kc < K)
-      ahead = Ahead(w + b0 * kBlockN * K / 2 + (k0 + kc) * 32, kBlockN * K / 2, nb,
-                    std::min(kcmax, K - k0 - kc), mm_steps(M, nb));
-    mm_k_panel(xm, M, K, k0, S, bt.data(), nb, c.data(), ldc, ahead);
+    const NextKPanel next{w + b0 * kBlockN * K / 2 + (k0 + kc) * 32, kBlockN * K / 2, nb,
+                          std::min(kcmax, K - k0 - kc)};
+    mm_k_panel(xm, M, K, k0, S, bt.data(), nb, c.data(), ldc, next);
   }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b)
