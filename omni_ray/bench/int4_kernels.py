@@ -11,8 +11,9 @@
    weight prefetch mode (non-temporal instead of into L2; ``set_weight_prefetch``), and again on
    a copy of the weights in vllm_omni's weight arena (``native-<set>-huge``: huge pages, where
    the engine keeps them; the others read torch's allocations), there with W4A8's x
-   (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one or two blocks of weights at a
-   time instead of up to four (``native-<set>-huge-1stream``, ``-2stream``: ``set_gemv_streams``).
+   (``native-<set>-huge-a8``: cpu_int4_a8), and there reading one, two or four blocks of weights
+   at a time (``native-<set>-huge-1stream``, ``-2stream``, ``-4stream``: ``set_gemv_streams``;
+   the others read as many as the set does by default, its ``kGemvStreams``).
 2. Crossover: ``vllm_omni.ops.int4_bench.measure`` on the shape's distinct layer shapes; the
    smallest row count from which the many-row branch (the int4 GEMM) wins on every shape is
    what the kernel set in use should take as ``row_threshold`` on this machine
@@ -67,34 +68,37 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     huge = [(k, weight_arena.copy(p), weight_arena.copy(s)) for k, p, s in weights]
     best = status.kernel_set
     # name -> (the kernel set, its (weight prefetch, GEMV streams) for the pass, the weights,
-    # the kernel)
-    kernels = {}
+    # the kernel); "default" streams: the set's own (kGemvStreams, read back here)
+    kernels, default = {}, {}
     if int4_pack.torch_reads_pack():
         kernels["torch"] = (None, (None, None), weights, lambda k, p, s: (
             torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p, GROUP_SIZE, s)))
     for ks in native.runnable():
         if ks.name != "portable" and native.load_set(ks.name).available:
-            gemv = native.ops(ks.name).int4_gemv
-            kernels[f"native-{ks.name}"] = (ks.name, ("l2", 4), weights,
+            ops = native.ops(ks.name)
+            default[ks.name] = ops.set_gemv_streams(1)  # returns the set's default
+            ops.set_gemv_streams(default[ks.name])
+            gemv = ops.int4_gemv
+            kernels[f"native-{ks.name}"] = (ks.name, ("l2", "default"), weights,
                                             lambda k, p, s, g=gemv: g(xs[k], p, s, GROUP_SIZE))
     gemv = native.ops(best).int4_gemv
-    kernels[f"native-{best}-nta"] = (best, ("nta", 4), weights,
+    kernels[f"native-{best}-nta"] = (best, ("nta", "default"), weights,
                                      lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge"] = (best, ("l2", 4), huge,
+    kernels[f"native-{best}-huge"] = (best, ("l2", "default"), huge,
                                       lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge-a8"] = (best, ("l2", 4), huge,
+    kernels[f"native-{best}-huge-a8"] = (best, ("l2", "default"), huge,
                                          lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE, 8))
-    kernels[f"native-{best}-huge-1stream"] = (best, ("l2", 1), huge,
-                                              lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
-    kernels[f"native-{best}-huge-2stream"] = (best, ("l2", 2), huge,
-                                              lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
+    for n in (1, 2, 4):
+        kernels[f"native-{best}-huge-{n}stream"] = (best, ("l2", n), huge,
+                                                    lambda k, p, s: gemv(xs[k], p, s, GROUP_SIZE))
     ms = {name: [] for name in kernels}
     try:
         for _ in range(passes + 1):  # the first pass warms up and is dropped
             for name, (kset, (prefetch, streams), ws, fn) in kernels.items():
                 if kset:
                     native.ops(kset).set_weight_prefetch(prefetch)
-                    native.ops(kset).set_gemv_streams(streams)
+                    native.ops(kset).set_gemv_streams(
+                        default[kset] if streams == "default" else streams)
                 t0 = time.perf_counter()
                 for k, p, s in ws:
                     fn(k, p, s)
@@ -102,9 +106,9 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
     finally:
         for kset in {v[0] for v in kernels.values()} - {None}:
             native.ops(kset).set_weight_prefetch("l2")
-            native.ops(kset).set_gemv_streams(4)
+            native.ops(kset).set_gemv_streams(default[kset])
     out = {"bytes_per_pass": total, "linears": len(weights), "kernel_set": best,
-           "threads": torch.get_num_threads(), "kernels": {}}
+           "threads": torch.get_num_threads(), "gemv_streams_default": default, "kernels": {}}
     for name, vals in ms.items():
         vals = vals[1:]
         med = statistics.median(vals)

@@ -40,7 +40,9 @@ Switches, each flipped at run time without restarting the engine:
 - ``weight_prefetch``: the int4 VNNI GEMV prefetching weights into L2 (A, the default) or
   non-temporally (B).
 - ``gemv_streams``: the int4 GEMV of one row reading one block of weights at a time (A) or up
-  to four side by side (B, the default, in the sets that can: ``set_gemv_streams``).
+  to four side by side (B; ``set_gemv_streams``). Each set's default is its ``kGemvStreams``:
+  1 in the avx512bf16 set (AMD Zen 4/5), 4 in the other AVX-512 sets, 1 where a set can only
+  read one.
 - ``attention_kernels``: the cpu_attention patch on its Python kernels (A) or its C++ ones (B);
   the C++ ones need layer names as strings (``VLLM_USE_LAYERNAME=0``, omni-ray's default).
 - ``detokenize``: the output detokenized as it is made (A, vLLM's default) or token ids only (B,

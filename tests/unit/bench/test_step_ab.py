@@ -45,13 +45,14 @@ def test_gemv_streams_switch_sets_the_kernels_stream_count():
     if not native.load().available:
         pytest.skip(f"no native kernels: {native.load().reason}")
     flip = step_ab.flipper("gemv_streams", {})
+    default = native.ops().set_gemv_streams(2)
     try:
         flip("1")
         assert native.ops().set_gemv_streams(1) == 1
         flip("4")
         assert native.ops().set_gemv_streams(4) == 4
     finally:
-        native.ops().set_gemv_streams(4)
+        native.ops().set_gemv_streams(default)
 
 
 def test_gc_switch_turns_the_collector_off_and_back_on():

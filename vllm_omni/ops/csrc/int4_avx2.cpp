@@ -21,6 +21,7 @@ namespace isa {
 constexpr const char* kName = "avx2";
 constexpr int kRows = 1;  // 8 int16 and 8 int32 accumulators for one row of x fill the registers
 constexpr int kStreamBlocks = 1;
+constexpr int kGemvStreams = 1;
 
 // 8 bf16 at p as fp32 (exact: bf16 is the top half of an fp32).
 inline __m256 bf16x8_to_fp32(const at::BFloat16* p) {

@@ -20,8 +20,13 @@
 // run in the same order. On an Intel AMX Xeon, where one stream held the GEMV at ~80 % of the
 // DRAM probe, 4 streams read a 3B decode step's weights 10-13 % faster than 1 and 6-9 % faster
 // than 2, and a compiled 3B decode step took 67.5 ms with 4 instead of 74.0 with 1 (72.1 with 2
-// instead of 75.6 in another run; results/int4_kernels/20261207T0736Z-two-streams/). Not
-// measured on AMD yet.
+// instead of 75.6 in another run; results/int4_kernels/20261207T0736Z-two-streams/). On an AMD
+// EPYC Zen 5 (the avx512bf16 set) it is the other way round: 4 blocks of W4A16 take 32 int32
+// accumulators (sum q * hi and q * lo, 8 a block), all the registers there are, so the inner
+// loop spills, and there two cores read the weights faster than the spilling loop multiplies
+// them: a compiled 3B decode step took 34.9 ms with 1 and 43.5 with 4
+// (results/int4_kernels/20261208T0231Z-zen5-one-stream/). So kGemvStreams, the default, is 1 in
+// the avx512bf16 set (AMD Zen 4/5) and 4 in the others.
 
 #include <immintrin.h>
 #ifdef OMNI_AMX
@@ -43,6 +48,11 @@ constexpr const char* kName = "avx512";
 #endif
 constexpr int kRows = 2;  // 8 accumulators per row of x: two rows fill the registers
 constexpr int kStreamBlocks = 4;  // one row of x: up to 4 blocks at once (block_vnni)
+#ifdef OMNI_AVX512BF16
+constexpr int kGemvStreams = 1;  // the default (set_gemv_streams): see above
+#else
+constexpr int kGemvStreams = 4;
+#endif
 
 // Round to nearest even, as torch's float -> bfloat16 conversion does (no NaN reaches here:
 // the inputs are finite bf16 and finite codes).

@@ -8,6 +8,7 @@
 //   kStreamBlocks               how many adjacent full blocks block64 (and block64_a8) read side
 //                               by side for one row of x: they take rows = -B for B = 2 ..
 //                               kStreamBlocks (1: the set reads one block at a time)
+//   kGemvStreams                how many it reads at once by default (set_gemv_streams)
 //   dequant64(...)              one group of W^T for one full block
 //   kTileRows                   rows of x per GEMM tile
 //   unpack64(p, gs, qb)         one group of a full block for the GEMM (omni::unpack_scalar's)
@@ -55,9 +56,9 @@
 // OMNI_NS::register_kernels(): makes this set's cpu_int4_linear / cpu_int4_embedding the CPU
 //   kernels of the vllm_omni ops (defined in vllm_omni/ops/int4_linear.py); one set per process.
 // OMNI_NS::set_weight_prefetch(mode): "l2" (default) or "nta", process-wide, for benchmarks.
-// OMNI_NS::set_gemv_streams(n): 1 to 4 (default 4), process-wide, for benchmarks: how many
-//   blocks the GEMV of one row of x reads at once, at most the set's kStreamBlocks; returns the
-//   previous value. The bits do not depend on it.
+// OMNI_NS::set_gemv_streams(n): 1 to 4 (default the set's kGemvStreams), process-wide, for
+//   benchmarks: how many blocks the GEMV of one row of x reads at once, at most the set's
+//   kStreamBlocks; returns the previous value. The bits do not depend on it.
 
 #pragma once
 
@@ -77,7 +78,7 @@ std::string set_weight_prefetch(const std::string& mode) {
   return g_prefetch_nta.exchange(mode == "nta") ? "nta" : "l2";
 }
 
-std::atomic<int> g_gemv_streams{4};
+std::atomic<int> g_gemv_streams{isa::kGemvStreams};
 
 int64_t set_gemv_streams(int64_t n) {
   TORCH_CHECK(n >= 1 && n <= 4, "set_gemv_streams: n must be 1 to 4, got ", n);

@@ -10,6 +10,7 @@ namespace isa {
 constexpr const char* kName = "portable";
 constexpr int kRows = 1;
 constexpr int kStreamBlocks = 1;
+constexpr int kGemvStreams = 1;
 
 template <bool A8>
 inline void fixed_point(const at::BFloat16* x, int64_t K, int64_t gs, int8_t* hi, int8_t* lo,
