@@ -74,10 +74,12 @@ def stream(shapes: list[tuple[int, int]], passes: int) -> dict:
         kernels["torch"] = (None, (None, None), weights, lambda k, p, s: (
             torch.ops.aten._weight_int4pack_mm_for_cpu(xs[k], p, GROUP_SIZE, s)))
     for ks in native.runnable():
-        if ks.name != "portable" and native.load_set(ks.name).available:
-            ops = native.ops(ks.name)
-            default[ks.name] = ops.set_gemv_streams(1)  # returns the set's default
-            ops.set_gemv_streams(default[ks.name])
+        if not native.load_set(ks.name).available:
+            continue
+        ops = native.ops(ks.name)
+        default[ks.name] = ops.set_gemv_streams(1)  # returns the set's default
+        ops.set_gemv_streams(default[ks.name])
+        if ks.name != "portable":
             gemv = ops.int4_gemv
             kernels[f"native-{ks.name}"] = (ks.name, ("l2", "default"), weights,
                                             lambda k, p, s, g=gemv: g(xs[k], p, s, GROUP_SIZE))
